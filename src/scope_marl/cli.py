@@ -1,0 +1,69 @@
+"""The ``scope`` command line. Each command is a thin shell over a library function."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from scope_marl.backends import SPEC_FORMS, BackendError, SamplingParams, load_backend
+from scope_marl.types import Message
+
+app = typer.Typer(
+    help="SCOPE-MARL: train LLM agents with RL against populations of LLM user simulators.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,  # help texts contain literal brackets such as [@BASE_URL]
+)
+console = Console()
+
+
+@app.callback()
+def main() -> None:
+    """SCOPE-MARL command line. Run `scope COMMAND --help` for each command's options and an example."""
+
+
+def fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {escape(message)}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="the user message"),
+    model: str = typer.Option("embedded", "--model", "-m", help=f"model spec: {SPEC_FORMS}"),
+    n: int = typer.Option(1, "--n", min=1, help="number of replies, generated as one batch"),
+    system: str = typer.Option("You are a helpful assistant.", help="system prompt"),
+    temperature: float = typer.Option(0.7, min=0.0),
+    top_p: float = typer.Option(0.95, min=0.0, max=1.0),
+    max_new_tokens: int = typer.Option(64, min=1),
+    seed: int = typer.Option(0),
+) -> None:
+    """Generate replies to one prompt and print each with its mean log-prob (smoke test of an install).
+
+    Example: scope generate --prompt "Would you donate $1 to Save the Children?" --n 3
+    """
+    started = time.perf_counter()
+    try:
+        chat = load_backend(model)
+        messages = [Message(role="system", content=system), Message(role="user", content=prompt)]
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+        outs = chat.generate([messages] * n, sampling)
+    except BackendError as err:
+        fail(str(err))
+    table = Table(title=f"{chat.name}: {n} repl{'y' if n == 1 else 'ies'} in {time.perf_counter() - started:.1f}s")
+    table.add_column("#", justify="right")
+    table.add_column("reply")
+    table.add_column("tokens", justify="right")
+    table.add_column("mean log-prob", justify="right")
+    for i, out in enumerate(outs):
+        lp = out.mean_logprob
+        table.add_row(str(i), escape(out.text), str(len(out.token_ids)), "n/a" if lp is None else f"{lp:.3f}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    app()

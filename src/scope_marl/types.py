@@ -1,0 +1,86 @@
+"""Core data types shared by every layer: messages, per-role training streams, episodes.
+
+The JSON form of these types (``Episode.model_dump_json()``) is the on-disk record of a rollout;
+``docs/formats.md`` documents it field by field. Keep the two in step.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Message(BaseModel):
+    """One message of a conversation.
+
+    In a chat prompt handed to a backend, ``role`` is a chat role (``system``, ``user``,
+    ``assistant``). In an :class:`Episode`, ``role`` names the environment role that spoke
+    (e.g. ``agent`` or ``user``); each model later sees its own messages as ``assistant``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    role: str
+    content: str
+
+
+class EpisodeStatus(str, Enum):
+    """How an episode ended. Only COMPLETED episodes are used for training by default."""
+
+    COMPLETED = "COMPLETED"  # the environment ended it normally
+    TRUNCATED = "TRUNCATED"  # a turn hit the token limit (or the context length)
+    FAILED = "FAILED"  # a backend or environment error; ``Episode.error`` says which
+
+
+class RoleStream(BaseModel):
+    """The token stream one trainable role produced in one episode, ready for the learner.
+
+    ``prompt_ids`` is the context before the role's first generated token. ``response_ids``
+    is everything after it: the role's sampled tokens (``loss_mask`` 1) interleaved with the
+    other role's messages and chat-template glue (``loss_mask`` 0). ``logprobs`` and
+    ``entropies`` are recorded at generation time for the sampled tokens (0.0 where the mask
+    is 0), under the temperature-scaled full next-token distribution, before top-p.
+    """
+
+    role: str
+    prompt_ids: list[int]
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    entropies: list[float] = Field(default_factory=list)
+    adapter: str | None = None  # LoRA adapter that generated the tokens (None: base model)
+    reward: float | None = None
+
+    @model_validator(mode="after")
+    def _aligned(self) -> RoleStream:
+        n = len(self.response_ids)
+        for name in ("loss_mask", "logprobs", "entropies"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"RoleStream.{name} has {len(getattr(self, name))} items but response_ids has {n}; "
+                    "every per-token list must align with response_ids"
+                )
+        return self
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class Episode(BaseModel):
+    """One dialogue between the agent and a simulator, with everything needed to train on it."""
+
+    episode_id: str
+    task_id: str
+    group_id: str  # rollouts of one task that share a GRPO baseline (and one simulator)
+    simulator_id: str  # which simulator (or pool member) played the user side
+    split: str = "train"
+    messages: list[Message] = Field(default_factory=list)
+    streams: dict[str, RoleStream] = Field(default_factory=dict)  # one per trainable role
+    rewards: dict[str, float] = Field(default_factory=dict)  # per environment role
+    status: EpisodeStatus = EpisodeStatus.COMPLETED
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)  # seconds, by phase

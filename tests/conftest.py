@@ -1,0 +1,49 @@
+"""Shared fixtures: the SmolLM2 tokenizer with tiny random-weight models (seconds, not minutes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from scope_marl.backends.embedded import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tokenizer):
+    """Factory for a 2-layer, hidden-64 Llama with the SmolLM2 vocabulary and a fixed seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(seed: int = 0):
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+        # Random init gives near-uniform next-token distributions; sharpen them so sampling,
+        # top-p and end-of-turn behave more like a trained model's.
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(8.0)
+        return model
+
+    return make
+
+
+@pytest.fixture
+def tiny_chat(make_tiny_model, tokenizer):
+    from scope_marl.backends.hf import HFChatModel
+
+    return HFChatModel(make_tiny_model(), tokenizer, name="tiny", default_system_prompt="You are a test model.")

@@ -1,0 +1,168 @@
+"""The transformers backend: log-prob definition, batching, sampling controls, LoRA adapters."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from scope_marl.backends.base import BackendError, SamplingParams
+from scope_marl.backends.hf import HFChatModel
+from scope_marl.types import Message
+
+PROMPTS = [
+    [Message(role="user", content="Hi")],
+    [Message(role="user", content="Tell me, in some detail, why anyone would give money to a charity at all?")],
+    [Message(role="system", content="Be brief."), Message(role="user", content="Donate?")],
+]
+
+
+def reference_scores(model, prompt_ids, sampled_ids, temperature):
+    """Log-probs and entropies of ``sampled_ids`` from one plain, unpadded forward pass."""
+    ids = torch.tensor([list(prompt_ids) + list(sampled_ids)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    chosen = logp.gather(-1, torch.tensor(sampled_ids)[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return chosen, entropy
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 0.9), (1.3, 1.0)])
+def test_logprobs_match_plain_forward_for_left_padded_batch(tiny_chat, temperature, top_p):
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=24, seed=1)
+    outs = tiny_chat.generate(PROMPTS, sampling)
+    lengths = {len(o.prompt_ids) for o in outs}
+    assert len(lengths) == 3, "prompts must differ in length so the batch is really left-padded"
+    for out in outs:
+        assert len(out.token_ids) == len(out.logprobs) == len(out.entropies) > 0
+        ref_lp, ref_ent = reference_scores(tiny_chat.model, out.prompt_ids, out.token_ids, temperature)
+        assert torch.allclose(torch.tensor(out.logprobs), ref_lp, atol=1e-4, rtol=0)
+        assert torch.allclose(torch.tensor(out.entropies), ref_ent, atol=1e-4, rtol=0)
+
+
+def test_greedy_batch_equals_one_prompt_at_a_time(tiny_chat):
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=16)
+    batched = tiny_chat.generate(PROMPTS, sampling)
+    for prompt, out in zip(PROMPTS, batched):
+        alone = tiny_chat.generate([prompt], sampling)[0]
+        assert alone.token_ids == out.token_ids
+        assert alone.logprobs == pytest.approx(out.logprobs, abs=1e-4)
+
+
+def test_greedy_matches_transformers_generate(tiny_chat):
+    prompt_ids = tiny_chat.encode_chat(PROMPTS[1])
+    ours = tiny_chat.generate_ids([prompt_ids], SamplingParams(temperature=0.0, max_new_tokens=12))[0]
+    with torch.no_grad():
+        theirs = tiny_chat.model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=False, eos_token_id=list(tiny_chat.stop_ids)
+        )[0, len(prompt_ids) :].tolist()
+    assert ours.token_ids == theirs
+
+
+def test_same_seed_same_sample_and_different_seed_differs(tiny_chat):
+    a = tiny_chat.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, seed=7))
+    b = tiny_chat.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, seed=7))
+    c = tiny_chat.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, seed=8))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+
+
+def test_max_new_tokens_and_finish_reason(tiny_chat):
+    outs = tiny_chat.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=5, seed=0))
+    for out in outs:
+        assert len(out.token_ids) <= 5
+        ended_on_eot = out.token_ids[-1] in tiny_chat.stop_ids
+        assert out.finish_reason == ("stop" if ended_on_eot else "length")
+        assert len(out.token_ids) == 5 or ended_on_eot
+
+
+def test_stop_string_cuts_text_and_ends_generation(tiny_chat):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=0)
+    free = tiny_chat.generate([PROMPTS[0]], sampling)[0]
+    assert len(free.text) > 4, "the tiny model should babble something we can stop on"
+    stop = free.text[2:4]
+    cut = tiny_chat.generate([PROMPTS[0]], sampling.model_copy(update={"stop": [stop]}))[0]
+    assert stop not in cut.text
+    assert free.text.startswith(cut.text)
+    assert cut.finish_reason == "stop"
+    assert len(cut.token_ids) < len(free.token_ids)
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)], "ids are the sampled ones, stop string included"
+
+
+def test_prompt_longer_than_context_is_a_clear_error(make_tiny_model, tokenizer):
+    model = make_tiny_model()
+    model.config.max_position_embeddings = 8
+    chat = HFChatModel(model, tokenizer)
+    with pytest.raises(BackendError, match="context"):
+        chat.generate_ids([list(range(1, 20))], SamplingParams(max_new_tokens=4))
+
+
+def test_explicit_system_prompt_replaces_template_default(tiny_chat, tokenizer):
+    text = tokenizer.decode(tiny_chat.encode_chat([Message(role="user", content="Hi")]))
+    assert "You are a test model." in text and "SmolLM" not in text
+
+
+# ---- LoRA ------------------------------------------------------------------------------------
+
+
+def lora_config(seed: int):
+    from peft import LoraConfig
+
+    torch.manual_seed(seed)
+    # init_lora_weights=False: random B as well as A, so a fresh adapter really changes outputs.
+    return LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+
+
+@pytest.fixture
+def lora_chat(make_tiny_model, tokenizer):
+    chat = HFChatModel(make_tiny_model(), tokenizer, default_system_prompt="You are a test model.")
+    base_copy = copy.deepcopy(chat.model)
+    chat.add_adapter("agent", lora_config(1))
+    chat.add_adapter("user", lora_config(2))
+    return chat, HFChatModel(base_copy, tokenizer, default_system_prompt="You are a test model.")
+
+
+def test_two_adapters_differ_in_one_mixed_batch_and_disabled_equals_base(lora_chat):
+    chat, base = lora_chat
+    assert sorted(chat.adapters) == ["agent", "user"]
+    prompt = PROMPTS[1]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=12)
+    agent, user, none = chat.generate([prompt] * 3, sampling, adapters=["agent", "user", None])
+    reference = base.generate([prompt], sampling)[0]
+    # Greedy ids of a random tiny model are often all newlines; the distributions still tell.
+    gap = max(abs(a - u) for a, u in zip(agent.logprobs, user.logprobs))
+    assert gap > 1e-2, "two different adapters must give different next-token distributions"
+    assert max(abs(a - r) for a, r in zip(agent.logprobs, reference.logprobs)) > 1e-2
+    assert none.token_ids == reference.token_ids
+    assert none.logprobs == pytest.approx(reference.logprobs, abs=1e-5)
+    # A mixed batch gives what each adapter gives alone.
+    alone = chat.generate([prompt], sampling, adapters=["agent"])[0]
+    assert alone.token_ids == agent.token_ids
+    assert alone.logprobs == pytest.approx(agent.logprobs, abs=1e-4)
+
+
+def test_adapter_logprobs_match_forward_with_that_adapter(lora_chat):
+    chat, _ = lora_chat
+    out = chat.generate([PROMPTS[0]], SamplingParams(temperature=0.8, max_new_tokens=10, seed=3), adapters=["user"])[0]
+    chat.model.set_adapter("user")
+    ref_lp, _ = reference_scores(chat.model, out.prompt_ids, out.token_ids, 0.8)
+    assert torch.allclose(torch.tensor(out.logprobs), ref_lp, atol=1e-4, rtol=0)
+
+
+def test_unknown_adapter_is_a_clear_error(lora_chat):
+    chat, _ = lora_chat
+    with pytest.raises(BackendError, match="unknown LoRA adapter.*add_adapter"):
+        chat.generate([PROMPTS[0]], SamplingParams(max_new_tokens=2), adapters=["simulator"])
+
+
+def test_saved_adapter_reloads_with_same_outputs(lora_chat, tmp_path, make_tiny_model, tokenizer):
+    chat, _ = lora_chat
+    chat.model.save_pretrained(tmp_path, selected_adapters=["agent"])
+    fresh = HFChatModel(make_tiny_model(), tokenizer, default_system_prompt="You are a test model.")
+    fresh.add_adapter("agent", tmp_path / "agent" if (tmp_path / "agent").exists() else tmp_path)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=10)
+    a = chat.generate([PROMPTS[2]], sampling, adapters=["agent"])[0]
+    b = fresh.generate([PROMPTS[2]], sampling, adapters=["agent"])[0]
+    assert a.token_ids == b.token_ids
