@@ -4,6 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
+
+
+class TinyLlama(LlamaForCausalLM):
+    """Adds a constant to the end-of-turn logit so random weights still end turns now and then.
+    Module-level so that engines holding it can be pickled (as Ray will)."""
+
+    eot_bias = 0.0
+    eot_id = 0
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if self.eot_bias:
+            out.logits[..., self.eot_id] += self.eot_bias
+        return out
 
 
 @pytest.fixture(scope="session")
@@ -16,9 +31,9 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def make_tiny_model(tokenizer):
     """Factory for a 2-layer, hidden-64 Llama with the SmolLM2 vocabulary and a fixed seed."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
-    def make(seed: int = 0):
+    def make(seed: int = 0, eot_bias: float = 0.0):
         config = LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=64,
@@ -32,7 +47,8 @@ def make_tiny_model(tokenizer):
             eos_token_id=tokenizer.eos_token_id,
         )
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
+        model = TinyLlama(config).eval()
+        model.eot_bias, model.eot_id = eot_bias, tokenizer.eos_token_id
         # Random init gives near-uniform next-token distributions; sharpen them so sampling,
         # top-p and end-of-turn behave more like a trained model's.
         with torch.no_grad():
@@ -47,3 +63,14 @@ def tiny_chat(make_tiny_model, tokenizer):
     from scope_marl.backends.hf import HFChatModel
 
     return HFChatModel(make_tiny_model(), tokenizer, name="tiny", default_system_prompt="You are a test model.")
+
+
+@pytest.fixture
+def talky_chat(make_tiny_model, tokenizer):
+    """A tiny model that ends a turn after ~12 tokens on average (end-of-turn logit boosted)."""
+    from scope_marl.backends.hf import HFChatModel
+
+    return HFChatModel(make_tiny_model(eot_bias=EOT_BIAS), tokenizer, name="talky", default_system_prompt="You are a test model.")
+
+
+EOT_BIAS = 9.5

@@ -166,3 +166,71 @@ def test_saved_adapter_reloads_with_same_outputs(lora_chat, tmp_path, make_tiny_
     a = chat.generate([PROMPTS[2]], sampling, adapters=["agent"])[0]
     b = fresh.generate([PROMPTS[2]], sampling, adapters=["agent"])[0]
     assert a.token_ids == b.token_ids
+
+
+# ---- prefix (KV) reuse across turns ------------------------------------------------------------
+
+
+def test_prefix_cache_reuse_gives_same_tokens_and_logprobs_as_full_prefill(tiny_chat, tokenizer):
+    sampling = SamplingParams(temperature=0.9, max_new_tokens=12, seed=5)
+    first_prompts = [tiny_chat.encode_chat(p) for p in PROMPTS]
+    keys = [("episode", i) for i in range(len(PROMPTS))]
+    first = tiny_chat.generate_ids(first_prompts, sampling, cache_keys=keys)
+    assert len(tiny_chat.prefix_cache) == 3
+    reply = tokenizer.encode("\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    second_prompts = [p + o.token_ids + reply for p, o in zip(first_prompts, first)]
+    misses_before = tiny_chat.prefix_cache.misses
+    cached = tiny_chat.generate_ids(second_prompts, sampling, cache_keys=keys)
+    prefilled = tiny_chat.prefix_cache.misses - misses_before
+    assert prefilled == sum(len(reply) + 1 for _ in PROMPTS), "only the last sampled token and the reply are prefilled"
+    tiny_chat.release(keys)
+    assert len(tiny_chat.prefix_cache) == 0
+    plain = tiny_chat.generate_ids(second_prompts, sampling)
+    for a, b in zip(cached, plain):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        ref_lp, _ = reference_scores(tiny_chat.model, a.prompt_ids, a.token_ids, 0.9)
+        assert torch.allclose(torch.tensor(a.logprobs), ref_lp, atol=1e-4, rtol=0)
+
+
+def test_prefix_cache_ignores_entries_of_another_adapter(lora_chat):
+    chat, _ = lora_chat
+    prompt = chat.encode_chat(PROMPTS[0])
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
+    chat.generate_ids([prompt], sampling, adapters=["agent"], cache_keys=["k"])
+    hits = chat.prefix_cache.hits
+    other = chat.generate_ids([prompt + [42]], sampling, adapters=["user"], cache_keys=["k"])[0]
+    assert chat.prefix_cache.hits == hits
+    alone = chat.generate_ids([prompt + [42]], sampling, adapters=["user"])[0]
+    assert other.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+
+
+def test_top_p_samples_only_the_nucleus_in_proportion():
+    from scope_marl.backends.hf import sample_next
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(20000, 4).contiguous()
+    g = torch.Generator().manual_seed(0)
+    ids, logprobs, entropy = sample_next(logits, SamplingParams(temperature=1.0, top_p=0.7), g)
+    counts = torch.bincount(ids, minlength=4).float() / len(ids)
+    assert counts[2] == 0 and counts[3] == 0, "tokens outside the 0.7 nucleus are never drawn"
+    assert counts[0].item() == pytest.approx(0.5 / 0.8, abs=0.015)
+    # Log-probs and entropy are those of the full distribution, not of the nucleus.
+    assert torch.allclose(logprobs, probs.log()[ids])
+    assert entropy[0].item() == pytest.approx(-(probs * probs.log()).sum().item(), abs=1e-6)
+    full, _, _ = sample_next(logits, SamplingParams(temperature=1.0, top_p=1.0), g)
+    assert torch.allclose(torch.bincount(full, minlength=4).float() / len(full), probs, atol=0.015)
+
+
+def test_nucleus_falls_back_to_a_full_sort_when_candidates_are_short(monkeypatch):
+    from scope_marl.backends import hf
+
+    monkeypatch.setattr(hf, "NUCLEUS_CANDIDATES", 2)
+    probs = torch.tensor([0.3, 0.3, 0.2, 0.2])
+    ids, _, _ = hf.sample_next(probs.log().expand(4000, 4).contiguous(), SamplingParams(top_p=0.75), torch.Generator().manual_seed(1))
+    counts = torch.bincount(ids, minlength=4).float() / len(ids)
+    assert counts[2] > 0.2 or counts[3] > 0.2, "the third token is inside the 0.75 nucleus"
+    assert (counts > 0).sum() == 3

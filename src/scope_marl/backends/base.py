@@ -8,7 +8,7 @@ decoding is greedy and both are reported at temperature 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -19,6 +19,10 @@ from scope_marl.types import Message
 
 class BackendError(RuntimeError):
     """A backend could not produce a generation. The message names the cause and the fix."""
+
+
+class ContextLengthError(BackendError):
+    """A prompt does not fit the model's context. The rollout engine records such episodes as TRUNCATED."""
 
 
 class SamplingParams(BaseModel):
@@ -80,16 +84,27 @@ class ChatModel(Protocol):
 class TokenChatModel(ChatModel, Protocol):
     """A local model that also works token-in-token-out (what the rollout engine and learner need)."""
 
-    tokenizer: object
+    stop_ids: set[int]  # token ids that end a turn
+    eot_id: int  # the end-of-turn token the chat template writes
+    context_length: int
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str: ...
 
     def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]: ...
+
+    def encode_text(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
     def generate_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
+        cache_keys: Sequence[Hashable | None] | None = None,
     ) -> list[Generation]: ...
+
+    def release(self, cache_keys: Iterable[Hashable]) -> None: ...
 
 
 def check_adapters(adapters: Sequence[str | None] | None, n: int, known: Sequence[str]) -> list[str | None]:

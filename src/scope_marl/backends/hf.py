@@ -15,18 +15,22 @@ adapters disabled) and a mixed batch runs in one forward pass through peft's ``a
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from scope_marl.backends.base import (
     BackendError,
+    ContextLengthError,
+    FinishReason,
     Generation,
     SamplingParams,
     check_adapters,
     cut_at_stop,
 )
+from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache
 from scope_marl.types import Message
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
@@ -65,6 +69,9 @@ class SlotCache:
         self.values = [v.index_select(0, rows) for v in self.values]
 
 
+NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full sort only if they fall short
+
+
 def sample_next(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,16 +82,39 @@ def sample_next(
     entropy = -(probs * logp).sum(-1)
     if greedy:
         ids = logp.argmax(-1)
+    elif sampling.top_p < 1.0:
+        ids = _sample_nucleus(probs, sampling.top_p, generator)
     else:
-        if sampling.top_p < 1.0:
-            # Nucleus: keep the smallest prefix of the sorted distribution whose mass reaches top_p
-            # (the top token always survives). Only sampling is truncated; log-probs stay full.
-            sorted_p, order = probs.sort(-1, descending=True)
-            drop = (sorted_p.cumsum(-1) - sorted_p) >= sampling.top_p
-            sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1]).expand_as(probs), generator)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1), entropy
+
+
+def _sample_inverse_cdf(weights: torch.Tensor, token_ids: torch.Tensor, generator) -> torch.Tensor:
+    """Draw one column per row in proportion to ``weights`` (unnormalized).
+
+    One uniform number per row and a binary search over the running sum: ``torch.multinomial``
+    draws an exponential variate per vocabulary entry, which costs more than the LM head here.
+    """
+    cdf = weights.cumsum(-1)
+    u = torch.rand(weights.shape[0], 1, generator=generator) * cdf[:, -1:]
+    col = torch.searchsorted(cdf, u, right=True).clamp(max=weights.shape[-1] - 1)
+    return token_ids.gather(-1, col).squeeze(-1)
+
+
+def _sample_nucleus(probs: torch.Tensor, top_p: float, generator) -> torch.Tensor:
+    """Top-p: keep the smallest set of most likely tokens whose mass reaches ``top_p`` (the top token always).
+
+    The nucleus is almost always inside the few hundred best tokens, so ``topk`` replaces a full
+    vocabulary sort; rows whose candidates do not reach ``top_p`` get the exact full sort.
+    """
+    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    best, order = probs.topk(k, dim=-1)
+    ids = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, generator)
+    short = (best.sum(-1) < top_p).nonzero().squeeze(-1)
+    if len(short) and k < probs.shape[-1]:
+        best, order = probs[short].sort(-1, descending=True)
+        ids[short] = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, generator)
+    return ids
 
 
 def attention_mask_4d(valid: torch.Tensor, query_cols: torch.Tensor) -> torch.Tensor:
@@ -118,6 +148,8 @@ class HFChatModel:
         self.max_batch_size = max_batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids = self._end_of_turn_ids(tokenizer)
+        self.eot_id = tokenizer.eos_token_id  # what the chat template writes at the end of a turn
+        self.prefix_cache = PrefixCache()
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -169,8 +201,8 @@ class HFChatModel:
         self.model.eval()
 
     # ---- prompts -------------------------------------------------------------------------------
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a chat prompt via the tokenizer's chat template.
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The chat as text through the tokenizer's chat template.
 
         A missing system message is filled with ``default_system_prompt`` (when set) so that no
         template-injected default (SmolLM2 names itself otherwise) leaks into a role's context.
@@ -178,8 +210,18 @@ class HFChatModel:
         chat = [{"role": m.role, "content": m.content} for m in messages]
         if self.default_system_prompt is not None and (not chat or chat[0]["role"] != "system"):
             chat.insert(0, {"role": "system", "content": self.default_system_prompt})
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode_text(self.render_chat(messages, add_generation_prompt))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of rendered chat text (special tokens written in it are parsed, none added)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Exact text of token ids, special tokens included."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def generate(
         self,
@@ -195,20 +237,45 @@ class HFChatModel:
         prompt_ids: Sequence[Sequence[int]],
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
+        cache_keys: Sequence[Hashable | None] | None = None,
     ) -> list[Generation]:
-        """Generate from token ids. Batches of similar length run together; order is preserved."""
-        adapters = check_adapters(adapters, len(prompt_ids), self.adapters)
+        """Generate from token ids. Batches of similar length run together; order is preserved.
+
+        ``cache_keys`` names the conversation each prompt continues: the key/value states of an
+        earlier prompt with the same key (and adapter) are reused for the shared prefix, and the
+        states of this prompt plus its reply are stored under the key for the next turn. Call
+        :meth:`release` when a conversation ends.
+        """
+        n = len(prompt_ids)
+        adapters = check_adapters(adapters, n, self.adapters)
+        keys = list(cache_keys) if cache_keys is not None else [None] * n
+        if len(keys) != n:
+            raise BackendError(f"got {len(keys)} cache keys for {n} prompts; pass one per prompt or None")
         if any(len(p) == 0 for p in prompt_ids):
             raise BackendError("empty prompt: every prompt needs at least one token")
+        too_long = [i for i, p in enumerate(prompt_ids) if len(p) >= self.context_length]
+        if too_long:
+            raise ContextLengthError(
+                f"prompt(s) {too_long} fill the model's {self.context_length}-token context; "
+                "shorten the conversation (fewer turns, shorter system prompts)"
+            )
         generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-        results: list[Generation | None] = [None] * len(prompt_ids)
-        for start in range(0, len(order), self.max_batch_size):
+        order = sorted(range(n), key=lambda i: len(prompt_ids[i]))
+        results: list[Generation | None] = [None] * n
+        for start in range(0, n, self.max_batch_size):
             chunk = order[start : start + self.max_batch_size]
-            outs = self._decode_batch([list(prompt_ids[i]) for i in chunk], [adapters[i] for i in chunk], sampling, generator)
-            for i, out in zip(chunk, outs):
+            rows = [_Row(list(prompt_ids[i]), adapters[i], keys[i]) for i in chunk]
+            for i, out in zip(chunk, self._decode_batch(rows, sampling, generator)):
                 results[i] = out
         return results  # type: ignore[return-value]
+
+    def release(self, cache_keys: Iterable[Hashable]) -> None:
+        """Free the stored states of conversations that ended."""
+        self.prefix_cache.release(cache_keys)
+
+    @property
+    def context_length(self) -> int:
+        return getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
 
     def _forward(self, cache: SlotCache, ids, positions, mask, adapter_names):
         kwargs = {"adapter_names": adapter_names} if adapter_names is not None else {}
@@ -225,87 +292,131 @@ class HFChatModel:
         return out.logits[:, -1, :]
 
     @torch.inference_mode()
-    def _decode_batch(
-        self,
-        prompts: list[list[int]],
-        adapters: list[str | None],
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> list[Generation]:
+    def _decode_batch(self, rows: list[_Row], sampling: SamplingParams, generator) -> list[Generation]:
+        """Prefill every row's uncached tokens together, then decode one token per row per step.
+
+        Cache columns: [0, P) reused prefixes (right-aligned), [P, P+N) the new prompt tokens
+        (right-aligned), then one column per decoding step. ``valid`` marks the real columns of
+        each row; positions count only real tokens, so padding changes no number.
+        """
         cfg = self.model.config
         device = next(self.model.parameters()).device
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        context = getattr(cfg, "max_position_embeddings", None) or 1 << 30
-        max_new = min(sampling.max_new_tokens, context - width)
-        if max_new < 1:
-            raise BackendError(
-                f"prompt of {width} tokens leaves no room in the model's {context}-token context; "
-                "shorten the conversation or lower the number of turns"
-            )
+        for row in rows:
+            row.past, row.reused = self.prefix_cache.reusable(row.key, row.prompt, row.adapter)
+        batch = len(rows)
+        reused = torch.tensor([r.reused for r in rows], device=device)
+        lengths = torch.tensor([len(r.prompt) for r in rows], device=device)
+        fresh = lengths - reused
+        past_w, new_w = int(reused.max()), int(fresh.max())
+        limits = [min(sampling.max_new_tokens, self.context_length - len(r.prompt)) for r in rows]
+        max_new = max(limits)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        cache = SlotCache(cfg.num_hidden_layers, batch, kv_heads, head_dim, width + max_new, torch.float32, device)
+        total = past_w + new_w + max_new
+        cache = SlotCache(cfg.num_hidden_layers, batch, kv_heads, head_dim, total, torch.float32, device)
 
-        lengths = torch.tensor([len(p) for p in prompts], device=device)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=device)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        valid = torch.zeros(batch, width + max_new, dtype=torch.bool, device=device)
-        cols = torch.arange(width, device=device)
-        valid[:, :width] = cols[None, :] >= (width - lengths)[:, None]
-        positions = (valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)
-        use_peft = bool(self.adapters)
-        names = [a if a is not None else BASE_ADAPTER for a in adapters] if use_peft else None
+        cols = torch.arange(total, device=device)
+        valid = (cols[None, :] >= past_w - reused[:, None]) & (cols[None, :] < past_w)
+        valid |= (cols[None, :] >= past_w + new_w - fresh[:, None]) & (cols[None, :] < past_w + new_w)
+        ids = torch.full((batch, new_w), self.pad_id, dtype=torch.long, device=device)
+        for j, row in enumerate(rows):
+            ids[j, new_w - len(row.prompt) + row.reused :] = torch.tensor(row.prompt[row.reused :], dtype=torch.long)
+            if row.past is not None:
+                for layer in range(cfg.num_hidden_layers):
+                    cache.keys[layer][j, :, past_w - row.reused : past_w] = row.past.keys[layer][:, : row.reused]
+                    cache.values[layer][j, :, past_w - row.reused : past_w] = row.past.values[layer][:, : row.reused]
+        self.prefix_cache.hits += int(reused.sum())
+        self.prefix_cache.misses += int(fresh.sum())
+        cache.advance(past_w)
+        positions = (reused[:, None] + torch.arange(new_w, device=device)[None, :] - (new_w - fresh)[:, None]).clamp(min=0)
+        names = self._adapter_names(rows)
+        query_cols = cols[past_w : past_w + new_w]
+        logits = self._forward(cache, ids, positions, attention_mask_4d(valid[:, : past_w + new_w], query_cols), names)
 
-        logits = self._forward(cache, ids, positions, attention_mask_4d(valid[:, :width], cols), names)
-
-        live = torch.arange(batch, device=device)  # original row of each row still in the batch
-        out_ids: list[list[int]] = [[] for _ in range(batch)]
-        out_lp: list[list[float]] = [[] for _ in range(batch)]
-        out_ent: list[list[float]] = [[] for _ in range(batch)]
-        finish = ["length"] * batch
+        live = list(range(batch))  # which row each batch position holds
         for step in range(max_new):
             tok, lp, ent = sample_next(logits, sampling, generator)
-            done_rows = []
-            for j, (row, t, l, e) in enumerate(zip(live.tolist(), tok.tolist(), lp.tolist(), ent.tolist())):
-                out_ids[row].append(t)
-                out_lp[row].append(l)
-                out_ent[row].append(e)
-                if t in self.stop_ids or (sampling.stop and self._hit_stop(out_ids[row], sampling.stop)):
-                    finish[row] = "stop"
-                    done_rows.append(j)
-            if step == max_new - 1:
+            finished = []
+            for j, (t, l, e) in enumerate(zip(tok.tolist(), lp.tolist(), ent.tolist())):
+                row = rows[live[j]]
+                row.out.append(t)
+                row.logprobs.append(l)
+                row.entropies.append(e)
+                if t in self.stop_ids or (sampling.stop and self._hit_stop(row.out, sampling.stop)):
+                    row.finish = "stop"
+                    finished.append(j)
+                elif len(row.out) >= limits[live[j]]:
+                    finished.append(j)
+            if len(finished) == len(live):
                 break
-            if done_rows:
-                finished = set(done_rows)
-                keep = torch.tensor([j for j in range(len(live)) if j not in finished], device=device)
-                if len(keep) == 0:
-                    break
-                live, tok, valid, lengths = live[keep], tok[keep], valid[keep], lengths[keep]
-                cache.keep_rows(keep)
+            for j in finished:
+                self._keep_prefix(rows[live[j]], cache, valid[j], j)
+            if finished:
+                keep = [j for j in range(len(live)) if j not in set(finished)]
+                index = torch.tensor(keep, device=device)
+                live = [live[j] for j in keep]
+                tok, valid, lengths = tok[index], valid[index], lengths[index]
+                cache.keep_rows(index)
                 if names is not None:
-                    names = [names[j] for j in keep.tolist()]
-            col = width + step
+                    names = [names[j] for j in keep]
+            col = cache.length
             valid[:, col] = True
-            step_positions = (lengths + step)[:, None]
-            mask = valid[:, None, None, : col + 1]
-            logits = self._forward(cache, tok[:, None], step_positions, mask, names)
+            logits = self._forward(cache, tok[:, None], (lengths + step)[:, None], valid[:, None, None, : col + 1], names)
+        for j, r in enumerate(live):
+            self._keep_prefix(rows[r], cache, valid[j], j)
+        return [self._finish(row, sampling) for row in rows]
 
-        return [self._finish(p, i, l, e, f, sampling) for p, i, l, e, f in zip(prompts, out_ids, out_lp, out_ent, finish)]
+    def _adapter_names(self, rows: list[_Row]) -> list[str] | None:
+        if not self.adapters:
+            return None
+        return [r.adapter if r.adapter is not None else BASE_ADAPTER for r in rows]
+
+    def _keep_prefix(self, row: _Row, cache: SlotCache, valid: torch.Tensor, j: int) -> None:
+        """Store the states this row computed (prompt + all but its last sampled token) under its key."""
+        if row.key is None:
+            return
+        columns = valid[: cache.length].nonzero().squeeze(-1)
+        ids = row.prompt + row.out[: len(columns) - len(row.prompt)]
+        assert len(ids) == len(columns), "cache columns and tokens disagree"
+        self.prefix_cache.store(
+            row.key,
+            CachedPrefix(
+                ids=ids,
+                adapter=row.adapter,
+                keys=[k[j].index_select(1, columns) for k in cache.keys],
+                values=[v[j].index_select(1, columns) for v in cache.values],
+            ),
+        )
 
     def _hit_stop(self, ids: list[int], stop: list[str]) -> bool:
         # Only the tail can contain a newly completed stop string; decode enough of it.
         tail = self.tokenizer.decode(ids[-(max(len(s) for s in stop) + 8) :], skip_special_tokens=True)
         return cut_at_stop(tail, stop)[1]
 
-    def _finish(self, prompt, ids, logprobs, entropies, finish, sampling) -> Generation:
-        body = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
-        text, _ = cut_at_stop(self.tokenizer.decode(body, skip_special_tokens=True), sampling.stop)
+    def _finish(self, row: _Row, sampling: SamplingParams) -> Generation:
+        body = row.out[:-1] if row.out and row.out[-1] in self.stop_ids else row.out
+        # Exact decode, special tokens kept: the transcript must say what the stream holds.
+        text, _ = cut_at_stop(self.decode(body), sampling.stop)
         return Generation(
-            text=text.strip(),
-            token_ids=ids,
-            logprobs=logprobs,
-            entropies=entropies,
-            finish_reason=finish,
-            prompt_ids=prompt,
+            text=text,
+            token_ids=row.out,
+            logprobs=row.logprobs,
+            entropies=row.entropies,
+            finish_reason=row.finish,
+            prompt_ids=row.prompt,
         )
+
+
+@dataclass
+class _Row:
+    """One prompt's decoding state inside a batch."""
+
+    prompt: list[int]
+    adapter: str | None
+    key: Hashable | None
+    past: CachedPrefix | None = None
+    reused: int = 0
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    finish: FinishReason = "length"

@@ -1,0 +1,236 @@
+"""The rollout engine: many episodes at once, one batched generate call per model per tick.
+
+On every tick each live episode has one next speaker. Turns whose seats share a model and
+sampling settings go to that model in ONE call (adapters mixed per row), so a 64-episode rollout
+costs about one batched decode per turn instead of 64. Token-level models get their prompts from
+each role's :class:`StreamBuilder` (token-in-token-out) with the conversation as the prefix-cache
+key, so a turn only prefills what the other role said since. Other simulators (scripted, discrete)
+answer through :meth:`Simulator.respond`.
+
+Episodes end COMPLETED when the environment says so, TRUNCATED when a turn hits its token limit
+or the context is full, FAILED when a backend raises for that episode (a failing batch is retried
+row by row, so one bad request does not take its neighbours down). All are recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
+
+from scope_marl.backends.base import Generation, TokenChatModel
+from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
+from scope_marl.rollout.streams import StreamBuilder
+from scope_marl.seat import Seat
+from scope_marl.simulators.base import Simulator, SimulatorTurn
+from scope_marl.types import Episode, EpisodeStatus, Message
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group_size: int = Field(4, ge=1, description="rollouts per task; they share a GRPO baseline and one simulator")
+    max_concurrent: int = Field(64, ge=1, description="episodes in flight at once (bounds memory and batch size)")
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
+class _Live:
+    """An episode in flight."""
+
+    episode: Episode
+    task: Task
+    simulator: Simulator
+    next_role: str
+    started: float
+    builders: dict[str, StreamBuilder] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutStats:
+    episodes: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    model_calls: int = 0
+    seconds: float = 0.0
+
+
+class RolloutEngine:
+    """Plays ``group_size`` episodes per task between an agent seat and a simulator."""
+
+    def __init__(self, env: Environment, agent: Seat, simulator: Simulator, config: RolloutConfig | None = None):
+        self.env = env
+        self.agent = agent
+        self.simulator = simulator
+        self.config = config or RolloutConfig()
+        self.stats = RolloutStats()
+        self._groups_started = 0  # groups across calls, so rotation / pools keep turning
+        self._calls = 0  # generate calls, to derive a distinct seed for each
+
+    # ---- public ------------------------------------------------------------------------------
+    def run(self, tasks: Sequence[Task]) -> list[Episode]:
+        """Play every task ``group_size`` times. Returns the episodes in task, then rollout order."""
+        queue = deque(self._new_episodes(tasks))
+        episodes = [live.episode for live in queue]
+        live: list[_Live] = []
+        started = time.perf_counter()
+        generated_before = self.stats.generated_tokens
+        bar = tqdm(total=len(episodes), unit="ep", desc="rollout", disable=not self.config.progress, leave=False)
+        while queue or live:
+            while queue and len(live) < self.config.max_concurrent:
+                entry = queue.popleft()
+                entry.started = time.perf_counter()
+                live.append(entry)
+            self._tick(live)
+            finished = [e for e in live if e.next_role == ""]
+            live = [e for e in live if e.next_role != ""]
+            if finished:
+                elapsed = time.perf_counter() - started
+                tokens = self.stats.generated_tokens - generated_before
+                bar.update(len(finished))
+                bar.set_postfix(ep_s=f"{bar.n / elapsed:.2f}", tok_s=f"{tokens / elapsed:.0f}")
+        bar.close()
+        self.stats.episodes += len(episodes)
+        self.stats.seconds += time.perf_counter() - started
+        return episodes
+
+    def seat_of(self, entry: _Live, role: str) -> Seat | None:
+        """The seat that generates ``role``'s turns in this episode (None: the simulator answers itself)."""
+        if role == AGENT:
+            return self.agent
+        return getattr(entry.simulator, "seat", None)
+
+    # ---- episode lifecycle -------------------------------------------------------------------
+    def _new_episodes(self, tasks: Sequence[Task]) -> list[_Live]:
+        out = []
+        for task in tasks:
+            simulator = self.simulator.for_group(self._groups_started)
+            group_id = f"{task.task_id}#{self._groups_started}"
+            self._groups_started += 1
+            for r in range(self.config.group_size):
+                episode = Episode(
+                    episode_id=f"{group_id}/{r}",
+                    task_id=task.task_id,
+                    group_id=group_id,
+                    simulator_id=simulator.simulator_id,
+                    split=task.split,
+                    timings={"generate_s": 0.0},
+                )
+                out.append(_Live(episode, task, simulator, self.env.first_speaker(task), 0.0))
+        return out
+
+    def _end(self, entry: _Live, status: EpisodeStatus, error: str | None = None) -> None:
+        episode = entry.episode
+        episode.status = status
+        episode.error = error
+        if status == EpisodeStatus.COMPLETED:
+            episode.rewards = self.env.rewards(entry.task, episode.messages)
+        for role, builder in entry.builders.items():
+            builder.model.release([(episode.episode_id, role)])
+            seat = self.seat_of(entry, role)
+            if seat is not None and seat.trainable and builder.stream is not None:
+                builder.stream.reward = episode.rewards.get(role)
+                episode.streams[role] = builder.stream
+        episode.timings["total_s"] = time.perf_counter() - entry.started
+        entry.next_role = ""
+
+    def _record(self, entry: _Live, role: str, text: str, view: list[Message] | None, gen: Generation | None) -> None:
+        """Append one message and decide whether the episode goes on."""
+        entry.episode.messages.append(Message(role=role, content=text))
+        if gen is not None and role in entry.builders:
+            entry.builders[role].add_turn([*view, Message(role="assistant", content=text)], gen)
+        if gen is not None and gen.finish_reason == "length":
+            self._end(entry, EpisodeStatus.TRUNCATED, f"{role} turn hit its token limit")
+        elif self.env.is_done(entry.task, entry.episode.messages):
+            self._end(entry, EpisodeStatus.COMPLETED)
+        else:
+            entry.next_role = self.env.other(role)
+
+    # ---- one tick ----------------------------------------------------------------------------
+    def _tick(self, live: list[_Live]) -> None:
+        batches: dict[tuple, list[_Live]] = defaultdict(list)
+        for entry in live:
+            seat = self.seat_of(entry, entry.next_role)
+            key = ("seat", *seat.batch_key) if seat is not None else ("simulator", id(entry.simulator))
+            batches[key].append(entry)
+        for key, entries in batches.items():
+            if key[0] == "seat":
+                self._seat_turns(entries)
+            else:
+                self._simulator_turns(entries)
+
+    def _seat_turns(self, entries: list[_Live]) -> None:
+        seats = [self.seat_of(e, e.next_role) for e in entries]
+        model, sampling = seats[0].model, seats[0].sampling
+        token_level = isinstance(model, TokenChatModel)
+        rows = []  # (entry, role, seat, view, prompt ids or None)
+        for entry, seat in zip(entries, seats):
+            role = entry.next_role
+            view = role_view(entry.episode.messages, role, seat.system_prompt(self.env.system_prompt(entry.task, role)))
+            ids = None
+            if token_level:
+                builder = entry.builders.setdefault(role, StreamBuilder(role, model, seat.adapter))
+                try:
+                    ids = builder.prompt(view)
+                except Exception as err:  # a template that cannot extend the stream: this episode only
+                    self._end(entry, EpisodeStatus.FAILED, f"{type(err).__name__}: {err}")
+                    continue
+                if len(ids) >= model.context_length:
+                    self._end(entry, EpisodeStatus.TRUNCATED, f"{role} context is full ({len(ids)} tokens)")
+                    continue
+            rows.append((entry, role, seat, view, ids))
+        if not rows:
+            return
+
+        def call(batch):
+            seed = (self.config.seed * 1_000_003 + self._calls) % (2**31)
+            self._calls += 1
+            params = sampling.model_copy(update={"seed": seed})
+            adapters = [r[2].adapter for r in batch]
+            adapters = adapters if any(a is not None for a in adapters) else None
+            if token_level:
+                keys = [(r[0].episode.episode_id, r[1]) for r in batch]
+                return model.generate_ids([r[4] for r in batch], params, adapters, cache_keys=keys)
+            return model.generate([r[3] for r in batch], params, adapters)
+
+        started = time.perf_counter()
+        for row, gen in self._call_isolating_failures(rows, call):
+            entry, role, _, view, ids = row
+            entry.episode.timings["generate_s"] += (time.perf_counter() - started) / len(rows)
+            if isinstance(gen, Exception):
+                self._end(entry, EpisodeStatus.FAILED, f"{type(gen).__name__}: {gen}")
+                continue
+            self.stats.generated_tokens += len(gen.token_ids)
+            self._record(entry, role, gen.text, view, gen)
+
+    def _simulator_turns(self, entries: list[_Live]) -> None:
+        simulator = entries[0].simulator
+        rows = [
+            (e, SimulatorTurn(e.episode.episode_id, e.task, role_view(e.episode.messages, USER, self.env.system_prompt(e.task, USER))))
+            for e in entries
+        ]
+        for (entry, _), reply in self._call_isolating_failures(rows, lambda batch: simulator.respond([t for _, t in batch])):
+            if isinstance(reply, Exception):
+                self._end(entry, EpisodeStatus.FAILED, f"{type(reply).__name__}: {reply}")
+            else:
+                self._record(entry, USER, str(reply), None, None)
+
+    def _call_isolating_failures(self, rows: list, call) -> list[tuple]:
+        """``call(rows)`` as one batch; if it raises, once per row, so only failing rows fail."""
+        self.stats.model_calls += 1
+        try:
+            return list(zip(rows, call(rows)))
+        except Exception:
+            out = []
+            for row in rows:
+                self.stats.model_calls += 1
+                try:
+                    out.append((row, call([row])[0]))
+                except Exception as err:
+                    out.append((row, err))
+            return out

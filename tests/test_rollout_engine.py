@@ -1,0 +1,163 @@
+"""The rollout engine: token-in-token-out streams, statuses, batching, groups, recorder."""
+
+from __future__ import annotations
+
+import pickle
+
+import pandas as pd
+import pytest
+import torch
+
+from scope_marl.backends.base import SamplingParams
+from scope_marl.backends.scripted import ScriptedChatModel
+from scope_marl.envs import AGENT, USER, SayTheWord, role_view
+from scope_marl.rollout import RolloutConfig, RolloutEngine, RolloutRecorder, read_episodes, summarize
+from scope_marl.seat import Seat
+from scope_marl.simulators import FrozenSimulator
+from scope_marl.types import EpisodeStatus
+
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=64)
+
+
+def engine_for(chat, env=None, simulator=None, trainable_user=False, **config):
+    env = env or SayTheWord(num_tasks=4, max_exchanges=3)
+    simulator = simulator or FrozenSimulator(chat, SAMPLING, simulator_id="frozen-tiny")
+    if trainable_user and hasattr(simulator, "seat"):
+        simulator.seat.trainable = True
+    agent = Seat(model=chat, sampling=SAMPLING, trainable=True)
+    return RolloutEngine(env, agent, simulator, RolloutConfig(progress=False, **config))
+
+
+def test_every_stream_is_on_policy_and_masks_only_its_own_sampled_tokens(talky_chat):
+    engine = engine_for(talky_chat, trainable_user=True, group_size=2, seed=3)
+    episodes = engine.run(engine.env.tasks("train"))
+    multi_turn = [e for e in episodes if len(e.messages) >= 4]
+    assert multi_turn, "need finished multi-turn episodes"
+    checked = 0
+    for episode in episodes:
+        for role, stream in episode.streams.items():
+            ids = torch.tensor([stream.prompt_ids + stream.response_ids])
+            with torch.no_grad():
+                logits = talky_chat.model(input_ids=ids).logits[0].float()
+            logp = torch.log_softmax(logits / SAMPLING.temperature, -1)
+            n = len(stream.prompt_ids)
+            targets = ids[0, n:]
+            recomputed = logp[n - 1 : -1].gather(-1, targets[:, None]).squeeze(-1)
+            mask = torch.tensor(stream.loss_mask, dtype=torch.bool)
+            diff = (recomputed[mask] - torch.tensor(stream.logprobs)[mask]).abs().max().item()
+            assert diff < 1e-4, f"{episode.episode_id} {role}: rollout vs recomputed log-prob differ by {diff}"
+            assert all(lp == 0.0 for lp, m in zip(stream.logprobs, stream.loss_mask) if not m)
+            # The masked-in tokens are exactly this role's sampled turns, message by message.
+            sampled_turns, current = [], []
+            for tok, m in zip(stream.response_ids, stream.loss_mask):
+                if m:
+                    current.append(tok)
+                elif current:
+                    sampled_turns.append(current)
+                    current = []
+            if current:
+                sampled_turns.append(current)
+            own = [m.content for m in episode.messages if m.role == role]
+            assert len(sampled_turns) == len(own)
+            for toks, text in zip(sampled_turns, own):
+                body = toks[:-1] if toks[-1] in talky_chat.stop_ids else toks
+                assert talky_chat.decode(body) == text
+            checked += 1
+    assert checked >= 2 * len(multi_turn)
+
+
+def test_stream_decodes_to_the_chat_template_of_the_final_messages(talky_chat):
+    """Allowed glue: the stream stops at the role's last end-of-turn token, where the template
+    continues with a newline (and with later messages of the other role)."""
+    engine = engine_for(talky_chat, trainable_user=True, group_size=2, seed=11)
+    episodes = [e for e in engine.run(engine.env.tasks("train")) if e.status == EpisodeStatus.COMPLETED]
+    assert episodes
+    for episode in episodes:
+        task = next(t for t in engine.env.tasks("train") if t.task_id == episode.task_id)
+        for role, stream in episode.streams.items():
+            last_own = max(i for i, m in enumerate(episode.messages) if m.role == role)
+            view = role_view(episode.messages[: last_own + 1], role, engine.env.system_prompt(task, role))
+            expected = talky_chat.render_chat(view, add_generation_prompt=False)
+            decoded = talky_chat.decode(stream.prompt_ids + stream.response_ids)
+            assert decoded + "\n" == expected
+
+
+def test_failed_and_truncated_episodes_are_recorded_as_such(talky_chat, tmp_path):
+    # The simulator's backend raises on its 2nd call only: one episode FAILED, the rest go on.
+    replies = ["hello there", RuntimeError("simulator backend down"), "fine, thanks"]
+    simulator = FrozenSimulator(ScriptedChatModel(replies), simulator_id="scripted")
+    engine = engine_for(talky_chat, simulator=simulator, group_size=3, seed=0)
+    episodes = engine.run(engine.env.tasks("train")[:1])
+    statuses = [e.status for e in episodes]
+    assert statuses.count(EpisodeStatus.FAILED) == 1
+    failed = next(e for e in episodes if e.status == EpisodeStatus.FAILED)
+    assert "simulator backend down" in failed.error
+    assert all(e.rewards == {} for e in episodes if e.status != EpisodeStatus.COMPLETED)
+
+    # A 3-token limit on the agent truncates its first turn.
+    short = Seat(model=talky_chat, sampling=SamplingParams(temperature=1.0, max_new_tokens=1), trainable=True)
+    engine = RolloutEngine(SayTheWord(num_tasks=2), short, simulator, RolloutConfig(progress=False, group_size=2))
+    truncated = [e for e in engine.run(engine.env.tasks("train")) if e.status == EpisodeStatus.TRUNCATED]
+    assert truncated and all("token limit" in e.error for e in truncated)
+
+    recorder = RolloutRecorder(tmp_path)
+    path = recorder.write_batch(episodes + truncated)
+    frame = pd.read_json(path, lines=True)
+    assert set(frame["status"]) >= {"FAILED", "TRUNCATED"}
+    assert [e.episode_id for e in read_episodes(path)] == list(frame["episode_id"])
+
+
+def test_64_concurrent_episodes_complete_in_batches_with_groups_intact(talky_chat):
+    env = SayTheWord(num_tasks=16, max_exchanges=2)
+    engine = engine_for(talky_chat, env=env, trainable_user=True, group_size=4, max_concurrent=64, seed=1)
+    episodes = engine.run(env.tasks("train"))
+    assert len(episodes) == 64
+    assert all(e.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED) for e in episodes)
+    assert sum(e.status == EpisodeStatus.COMPLETED for e in episodes) >= 48
+    groups = {}
+    for e in episodes:
+        groups.setdefault(e.group_id, []).append(e)
+    assert len(groups) == 16 and all(len(g) == 4 for g in groups.values())
+    assert all(len({e.task_id for e in g}) == 1 and len({e.simulator_id for e in g}) == 1 for g in groups.values())
+    # Batching: both roles share the model and sampling, so one call per tick serves all 64.
+    assert engine.stats.model_calls <= 2 * env.max_exchanges
+    summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens)
+    assert summary["groups_with_one_simulator"] == 16 and summary["episodes"] == 64
+    assert len(talky_chat.prefix_cache) == 0, "finished conversations release their cached states"
+
+
+def test_reward_depends_on_what_is_said():
+    env = SayTheWord(num_tasks=2, max_exchanges=2)
+    word = env.tasks("train")[0].data["word"]
+    agent = Seat(model=ScriptedChatModel([f"Please say {word}."]), trainable=False)
+    yes = FrozenSimulator(ScriptedChatModel([f"Okay: {word.upper()}!"]), simulator_id="yes")
+    no = FrozenSimulator(ScriptedChatModel(["No."]), simulator_id="no")
+    task = env.tasks("train")[:1]
+    said = RolloutEngine(env, agent, yes, RolloutConfig(progress=False, group_size=1)).run(task)[0]
+    refused = RolloutEngine(env, agent, no, RolloutConfig(progress=False, group_size=1)).run(task)[0]
+    assert said.rewards == {AGENT: 1.0, USER: 0.0} and len(said.messages) == 2
+    assert refused.rewards == {AGENT: 0.0, USER: 1.0} and len(refused.messages) == 4
+
+
+def test_simulator_sees_itself_as_assistant():
+    env = SayTheWord(num_tasks=1, max_exchanges=2)
+    user_model = ScriptedChatModel(["I am the user."])
+    agent = Seat(model=ScriptedChatModel(["I am the agent."]))
+    RolloutEngine(env, agent, FrozenSimulator(user_model), RolloutConfig(progress=False, group_size=1)).run(env.tasks())
+    second = user_model.calls[1]
+    assert [m.role for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2].content == "I am the user." and second[3].content == "I am the agent."
+    assert "Never say" in second[0].content
+
+
+def test_engine_pickles_with_its_models(talky_chat):
+    engine = engine_for(talky_chat, group_size=1)
+    clone = pickle.loads(pickle.dumps(engine))
+    episodes = clone.run(clone.env.tasks("train")[:2])
+    assert len(episodes) == 2
+
+
+def test_same_seed_same_rollouts(talky_chat):
+    a = engine_for(talky_chat, group_size=2, seed=5).run(SayTheWord(num_tasks=3).tasks())
+    b = engine_for(talky_chat, group_size=2, seed=5).run(SayTheWord(num_tasks=3).tasks())
+    assert [e.messages for e in a] == [e.messages for e in b]
