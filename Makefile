@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/scope generate --model embedded --n 3 --prompt "Would you donate some of your task payment to Save the Children?"
+	$(BIN)/scope rollout configs/rollout_say_the_word.yaml --out runs/rollout
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -161,3 +161,26 @@ def test_same_seed_same_rollouts(talky_chat):
     a = engine_for(talky_chat, group_size=2, seed=5).run(SayTheWord(num_tasks=3).tasks())
     b = engine_for(talky_chat, group_size=2, seed=5).run(SayTheWord(num_tasks=3).tasks())
     assert [e.messages for e in a] == [e.messages for e in b]
+
+
+def test_continue_on_turn_limit_keeps_playing_and_streams_stay_on_policy(talky_chat):
+    short = SamplingParams(temperature=1.0, max_new_tokens=3)
+    env = SayTheWord(num_tasks=2, max_exchanges=3)
+    simulator = FrozenSimulator(talky_chat, short)
+    simulator.seat.trainable = True
+    engine = RolloutEngine(env, Seat(model=talky_chat, sampling=short, trainable=True), simulator,
+                           RolloutConfig(progress=False, group_size=2, on_turn_limit="continue"))
+    episodes = engine.run(env.tasks())
+    assert all(e.status == EpisodeStatus.COMPLETED for e in episodes)
+    assert any(len(e.messages) == 6 for e in episodes)
+    for e in episodes:
+        for stream in e.streams.values():
+            ids = torch.tensor([stream.prompt_ids + stream.response_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(talky_chat.model(input_ids=ids).logits[0], -1)
+            n = len(stream.prompt_ids)
+            recomputed = logp[n - 1 : -1].gather(-1, ids[0, n:, None]).squeeze(-1)
+            mask = torch.tensor(stream.loss_mask, dtype=torch.bool)
+            assert (recomputed[mask] - torch.tensor(stream.logprobs)[mask]).abs().max() < 1e-4
+            # A cut turn gets the end-of-turn token as masked glue before the next message.
+            assert stream.response_ids.count(talky_chat.eot_id) >= sum(1 for m in e.messages if m.role == stream.role) - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -27,7 +28,7 @@ def main() -> None:
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -63,6 +64,51 @@ def generate(
         lp = out.mean_logprob
         table.add_row(str(i), escape(out.text), str(len(out.token_ids)), "n/a" if lp is None else f"{lp:.3f}")
     console.print(table)
+
+
+
+@app.command()
+def rollout(
+    config: Path = typer.Argument(..., help="YAML config (schema: scope_marl.config.RolloutRunConfig)"),
+    out: Path = typer.Option(..., "--out", "-o", help="output directory; existing batches are kept, new ones numbered after them"),
+) -> None:
+    """Play episodes from a config and write one JSONL batch plus summary.json.
+
+    Example: scope rollout configs/rollout_say_the_word.yaml --out runs/rollout
+    """
+    from scope_marl.config import ConfigError, dump_config, load_config
+    from scope_marl.rollout import RolloutRecorder, summarize
+    from scope_marl.rollout.factory import build_rollout
+
+    try:
+        cfg = load_config(config)
+        engine = build_rollout(cfg)
+        tasks = engine.env.tasks(cfg.split)[: cfg.num_tasks]
+    except (ConfigError, BackendError, ValueError) as err:
+        fail(str(err))
+    recorder = RolloutRecorder(out)
+    dump_config(cfg, out / "config.yaml")
+    episodes = engine.run(tasks)
+    path = recorder.write_batch(episodes)
+    summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens)
+    summary.update(split=cfg.split, tasks=len(tasks), batch_file=path.name)
+    recorder.write_summary(summary)
+
+    table = Table(title=f"{len(episodes)} episodes in {summary['seconds']:.1f}s -> {path}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for status, count in summary["status"].items():
+        table.add_row(f"episodes {status}", str(count))
+    for role, stats in summary["rewards"].items():
+        table.add_row(f"reward {role} (mean +- std)", f"{stats['mean']:.3f} +- {stats['std']:.3f}")
+    table.add_row("episodes / s", f"{summary['episodes_per_s']:.2f}")
+    table.add_row("generated tokens / s", f"{summary['tokens_per_s']:.1f}")
+    console.print(table)
+    first = next((e for e in episodes if e.messages), None)
+    if first is not None:
+        console.print(f"[bold]example transcript[/] ({first.episode_id}, {first.status.value}):")
+        for m in first.messages:
+            console.print(f"  [cyan]{m.role}:[/] {escape(m.content)}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ adapters disabled) and a mixed batch runs in one forward pass through peft's ``a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,8 @@ class HFChatModel:
         self.stop_ids = self._end_of_turn_ids(tokenizer)
         self.eot_id = tokenizer.eos_token_id  # what the chat template writes at the end of a turn
         self.prefix_cache = PrefixCache()
+        # Wall time by phase, for benchmarks and profiling ("where does the time go").
+        self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "decode_steps": 0, "decode_rows": 0}
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -331,11 +334,15 @@ class HFChatModel:
         positions = (reused[:, None] + torch.arange(new_w, device=device)[None, :] - (new_w - fresh)[:, None]).clamp(min=0)
         names = self._adapter_names(rows)
         query_cols = cols[past_w : past_w + new_w]
+        clock = time.perf_counter()
         logits = self._forward(cache, ids, positions, attention_mask_4d(valid[:, : past_w + new_w], query_cols), names)
+        self.timings["prefill_s"] += time.perf_counter() - clock
 
         live = list(range(batch))  # which row each batch position holds
         for step in range(max_new):
+            clock = time.perf_counter()
             tok, lp, ent = sample_next(logits, sampling, generator)
+            self.timings["sample_s"] += time.perf_counter() - clock
             finished = []
             for j, (t, l, e) in enumerate(zip(tok.tolist(), lp.tolist(), ent.tolist())):
                 row = rows[live[j]]
@@ -361,7 +368,11 @@ class HFChatModel:
                     names = [names[j] for j in keep]
             col = cache.length
             valid[:, col] = True
+            clock = time.perf_counter()
             logits = self._forward(cache, tok[:, None], (lengths + step)[:, None], valid[:, None, None, : col + 1], names)
+            self.timings["decode_s"] += time.perf_counter() - clock
+            self.timings["decode_steps"] += 1
+            self.timings["decode_rows"] += len(live)
         for j, r in enumerate(live):
             self._keep_prefix(rows[r], cache, valid[j], j)
         return [self._finish(row, sampling) for row in rows]

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
@@ -36,6 +37,10 @@ class RolloutConfig(BaseModel):
     group_size: int = Field(4, ge=1, description="rollouts per task; they share a GRPO baseline and one simulator")
     max_concurrent: int = Field(64, ge=1, description="episodes in flight at once (bounds memory and batch size)")
     seed: int = 0
+    on_turn_limit: Literal["truncate", "continue"] = Field(
+        "truncate",
+        description="a turn that hits max_new_tokens ends the episode as TRUNCATED, or is kept cut short and play goes on",
+    )
     progress: bool = True
 
 
@@ -144,7 +149,7 @@ class RolloutEngine:
         entry.episode.messages.append(Message(role=role, content=text))
         if gen is not None and role in entry.builders:
             entry.builders[role].add_turn([*view, Message(role="assistant", content=text)], gen)
-        if gen is not None and gen.finish_reason == "length":
+        if gen is not None and gen.finish_reason == "length" and self.config.on_turn_limit == "truncate":
             self._end(entry, EpisodeStatus.TRUNCATED, f"{role} turn hit its token limit")
         elif self.env.is_done(entry.task, entry.episode.messages):
             self._end(entry, EpisodeStatus.COMPLETED)

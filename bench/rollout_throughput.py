@@ -1,0 +1,161 @@
+"""Rollout throughput on the embedded SmolLM2-135M (fp32, CPU): naive HF loop vs the engine vs the FLOP bound.
+
+Workload: two-role episodes of the built-in environment, 4 exchanges (8 turns), at most 48 new
+tokens a turn (a turn cut at 48 tokens is kept and play goes on, so every episode has 8 turns).
+Both roles run on the same model, as in self-play / co-training.
+
+  (a) naive: one `model.generate` call per episode per turn, prompt re-encoded from text each time.
+  (b) engine: RolloutEngine with 8, 32 and 64 concurrent episodes (one wave each).
+  (c) bound: measured fp32 GEMM rate (2048 x 2048 matmul, this run) / (2 x all parameters,
+      tied embedding included) = generated tokens/s if every FLOP were a useful GEMM FLOP.
+
+Run: python bench/rollout_throughput.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+
+from scope_marl.backends.base import SamplingParams
+from scope_marl.backends.embedded import load_embedded
+from scope_marl.envs import AGENT, SayTheWord, role_view
+from scope_marl.rollout import RolloutConfig, RolloutEngine
+from scope_marl.seat import Seat
+from scope_marl.simulators import FrozenSimulator
+from scope_marl.types import Message
+
+EXCHANGES = 4
+NEW_TOKENS = 48
+SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=NEW_TOKENS)
+
+
+class FixedLength(SayTheWord):
+    """The built-in environment without its early ending: every episode plays all its exchanges."""
+
+    def is_done(self, task, messages) -> bool:
+        return len(messages) >= 2 * self.max_exchanges
+
+
+def gemm_gflops(size: int = 2048, repeats: int = 20) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def naive(chat, env, tasks) -> tuple[int, float]:
+    """The loop people write first: HF generate per episode per turn, full prompt every time."""
+    tok, model = chat.tokenizer, chat.model
+    tokens, started = 0, time.perf_counter()
+    for task in tasks:
+        messages: list[Message] = []
+        role = AGENT
+        for _ in range(2 * EXCHANGES):
+            view = role_view(messages, role, env.system_prompt(task, role))
+            ids = torch.tensor([chat.encode_chat(view)])
+            with torch.no_grad():
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=SAMPLING.temperature,
+                    top_p=SAMPLING.top_p,
+                    max_new_tokens=NEW_TOKENS,
+                    eos_token_id=list(chat.stop_ids),
+                    pad_token_id=chat.pad_id,
+                )
+            new = out[0, ids.shape[1] :].tolist()
+            tokens += len(new)
+            messages.append(Message(role=role, content=tok.decode(new, skip_special_tokens=True)))
+            role = env.other(role)
+    return tokens, time.perf_counter() - started
+
+
+def engine_run(chat, env, concurrent: int, seed: int) -> dict:
+    group_size = 4 if concurrent >= 16 else 1  # GRPO-shaped: several rollouts per task
+    tasks = env.tasks("train")[: concurrent // group_size]
+    simulator = FrozenSimulator(chat, SAMPLING, simulator_id="frozen-self")
+    config = RolloutConfig(group_size=group_size, max_concurrent=concurrent, seed=seed, on_turn_limit="continue", progress=False)
+    engine = RolloutEngine(env, Seat(model=chat, sampling=SAMPLING, trainable=True), simulator, config)
+    hits, misses = chat.prefix_cache.hits, chat.prefix_cache.misses
+    before = dict(chat.timings)
+    episodes = engine.run(tasks)
+    turns = sum(len(e.messages) for e in episodes)
+    assert turns == len(episodes) * 2 * EXCHANGES == concurrent * 2 * EXCHANGES, "every episode must play all its turns"
+    prefilled = chat.prefix_cache.misses - misses
+    phases = {k: chat.timings[k] - before[k] for k in before}
+    return {
+        **phases,
+        "episodes": len(episodes),
+        "tokens": engine.stats.generated_tokens,
+        "seconds": engine.stats.seconds,
+        "prefilled": prefilled,
+        "reused": chat.prefix_cache.hits - hits,
+        "calls": engine.stats.model_calls,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer episodes (a smoke run, not a measurement)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--naive-episodes", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    chat = load_embedded()
+    params = sum(p.numel() for p in chat.model.parameters())  # tied embedding / LM head counted once
+    gflops = gemm_gflops()
+    bound = gflops * 1e9 / (2 * params)
+    env = FixedLength(num_tasks=16, max_exchanges=EXCHANGES)
+    sizes = [4, 8] if args.quick else [8, 32, 64]
+
+    naive_tasks = env.tasks("train")[: 1 if args.quick else args.naive_episodes]
+    naive_tokens, naive_s = naive(chat, env, naive_tasks)
+    naive_tok_s = naive_tokens / naive_s
+
+    print(f"model: SmolLM2-135M-Instruct fp32, {params / 1e6:.1f}M parameters, {args.threads} threads")
+    print(f"GEMM 2048x2048 fp32: {gflops:.1f} GFLOP/s -> FLOP bound {bound:.1f} generated tok/s")
+    print(f"workload: {EXCHANGES} exchanges, <= {NEW_TOKENS} new tokens a turn, T={SAMPLING.temperature}, top_p={SAMPLING.top_p}")
+    print()
+    header = f"{'run':<12}{'episodes':>9}{'gen tokens':>11}{'seconds':>9}{'tok/s':>9}{'x naive':>9}{'of bound':>9}{'prefill tok':>12}{'reused tok':>11}"
+    print(header)
+    print("-" * len(header))
+    print(f"{'naive HF':<12}{len(naive_tasks):>9}{naive_tokens:>11}{naive_s:>9.1f}{naive_tok_s:>9.1f}{1.0:>9.2f}{naive_tok_s / bound:>9.3f}{'-':>12}{'-':>11}")
+    engine_tok_s = 0.0
+    runs = {}
+    for i, size in enumerate(sizes):
+        r = runs[size] = engine_run(chat, env, size, seed=i)
+        engine_tok_s = r["tokens"] / r["seconds"]
+        print(
+            f"{'engine@' + str(size):<12}{r['episodes']:>9}{r['tokens']:>11}{r['seconds']:>9.1f}{engine_tok_s:>9.1f}"
+            f"{engine_tok_s / naive_tok_s:>9.2f}{engine_tok_s / bound:>9.3f}{r['prefilled']:>12}{r['reused']:>11}"
+        )
+    print()
+    print("where the engine's time goes (seconds; decode rows/step = mean batch rows per decode step)")
+    print(f"{'run':<12}{'total':>8}{'prefill':>9}{'decode':>9}{'sample':>9}{'other':>8}{'steps':>7}{'rows/step':>10}{'ms/step':>9}")
+    for size, r in runs.items():
+        other = r["seconds"] - r["prefill_s"] - r["decode_s"] - r["sample_s"]
+        steps = max(r["decode_steps"], 1)
+        print(
+            f"{'engine@' + str(size):<12}{r['seconds']:>8.1f}{r['prefill_s']:>9.1f}{r['decode_s']:>9.1f}{r['sample_s']:>9.1f}"
+            f"{other:>8.1f}{r['decode_steps']:>7}{r['decode_rows'] / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
+        )
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    print()
+    print(
+        f"RESULT naive_tok_s={naive_tok_s:.2f} engine_tok_s={engine_tok_s:.2f} ratio={engine_tok_s / naive_tok_s:.2f} "
+        f"bound_fraction={engine_tok_s / bound:.3f} peak_rss_mb={peak_rss_mb}"
+    )
+
+
+if __name__ == "__main__":
+    main()

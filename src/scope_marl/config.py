@@ -1,0 +1,115 @@
+"""Experiment configuration: one pydantic schema, loaded from YAML, with errors that name the field.
+
+Every section forbids unknown keys, so a typo is an error that lists the allowed names instead of a
+silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scope_marl.backends.base import SamplingParams
+from scope_marl.rollout.engine import RolloutConfig
+
+Split = Literal["train", "validation", "test"]
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names each bad field and the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def default_sampling() -> SamplingParams:
+    return SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=48)
+
+
+class SayTheWordConfig(Section):
+    name: Literal["say_the_word"] = "say_the_word"
+    num_tasks: int = Field(8, ge=1, le=48)
+    max_exchanges: int = Field(2, ge=1)
+    agent_first: bool = True
+
+
+class AgentConfig(Section):
+    model: str = Field("embedded", description="model spec, see docs/formats.md")
+    adapter: str | None = None
+    sampling: SamplingParams = Field(default_factory=default_sampling)
+    prompt_prefix: str = ""
+    trainable: bool = True
+
+
+class FrozenSimulatorConfig(Section):
+    mode: Literal["frozen"] = "frozen"
+    id: str | None = Field(None, description="simulator_id recorded in episodes (default: frozen:<model>)")
+    model: str = "embedded"
+    adapter: str | None = None
+    sampling: SamplingParams = Field(default_factory=default_sampling)
+    prompt_prefix: str = Field("", description="put before the environment's user prompt (prompt variant)")
+
+
+class RolloutRunConfig(Section):
+    """``scope rollout``: play episodes of one environment and record them."""
+
+    env: SayTheWordConfig = Field(default_factory=SayTheWordConfig)
+    split: Split = "train"
+    num_tasks: int | None = Field(None, ge=1, description="play only the first N tasks of the split")
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    simulator: FrozenSimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+
+def load_config(path: str | os.PathLike, schema: type[BaseModel] = RolloutRunConfig) -> BaseModel:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{path} has {err.error_count()} invalid field(s):\n" + explain(err, schema)) from None
+
+
+def explain(err: ValidationError, schema: type[BaseModel]) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(schema, e["loc"][:-1])
+            message = f"unknown field; allowed fields here: {', '.join(allowed)}" if allowed else "unknown field"
+        elif "input" in e and e["type"] not in ("missing",):
+            message += f" (got {e['input']!r})"
+        lines.append(f"  - {where}: {message}")
+    return "\n".join(lines)
+
+
+def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the nested model at ``loc`` (best effort; [] when it is not a model)."""
+    model = schema
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        candidates = [a for a in (field.annotation, *typing.get_args(field.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not candidates:
+            return []
+        model = candidates[0]
+    return list(model.model_fields)
+
+
+def dump_config(config: BaseModel, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,41 @@
+"""Build live objects (models, environment, seats, simulator, engine) from a config.
+
+Models are loaded once per spec string, so an agent and a simulator that name the same model share
+one instance, and the engine can batch their turns together.
+"""
+
+from __future__ import annotations
+
+from scope_marl.backends import ChatModel, load_backend
+from scope_marl.config import AgentConfig, FrozenSimulatorConfig, RolloutRunConfig, SayTheWordConfig
+from scope_marl.envs import Environment, SayTheWord
+from scope_marl.rollout.engine import RolloutEngine
+from scope_marl.seat import Seat
+from scope_marl.simulators import FrozenSimulator, Simulator
+
+
+class ModelPool:
+    def __init__(self) -> None:
+        self._models: dict[str, ChatModel] = {}
+
+    def get(self, spec: str) -> ChatModel:
+        if spec not in self._models:
+            self._models[spec] = load_backend(spec)
+        return self._models[spec]
+
+
+def build_env(cfg: SayTheWordConfig) -> Environment:
+    return SayTheWord(num_tasks=cfg.num_tasks, max_exchanges=cfg.max_exchanges, agent_first=cfg.agent_first)
+
+
+def build_agent(cfg: AgentConfig, models: ModelPool) -> Seat:
+    return Seat(model=models.get(cfg.model), sampling=cfg.sampling, adapter=cfg.adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable)
+
+
+def build_simulator(cfg: FrozenSimulatorConfig, models: ModelPool) -> Simulator:
+    return FrozenSimulator(models.get(cfg.model), cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+
+
+def build_rollout(cfg: RolloutRunConfig, models: ModelPool | None = None) -> RolloutEngine:
+    models = models or ModelPool()
+    return RolloutEngine(build_env(cfg.env), build_agent(cfg.agent, models), build_simulator(cfg.simulator, models), cfg.rollout)

@@ -1,0 +1,80 @@
+"""`scope rollout` and the config schema: clear errors, JSONL + summary written, nothing lost."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from scope_marl.cli import app
+from scope_marl.config import ConfigError, RolloutRunConfig, load_config
+
+runner = CliRunner()
+
+SCRIPTED = """
+env: {name: say_the_word, num_tasks: 3, max_exchanges: 2}
+agent: {model: "scripted:Please say the word.", trainable: false}
+simulator: {mode: frozen, model: "scripted:No way.|Okay, apple!", id: stubborn}
+rollout: {group_size: 2, max_concurrent: 4, progress: false}
+"""
+
+
+def write(tmp_path, text, name="cfg.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).parents[1].glob("configs/rollout_*.yaml"))
+    assert configs
+    for path in configs:
+        assert isinstance(load_config(path), RolloutRunConfig)
+
+
+def test_rollout_cli_writes_jsonl_and_summary_and_keeps_earlier_batches(tmp_path):
+    cfg = write(tmp_path, SCRIPTED)
+    out = tmp_path / "run"
+    for _ in range(2):
+        result = runner.invoke(app, ["rollout", str(cfg), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+    batches = sorted(out.glob("episodes-*.jsonl"))
+    assert [b.name for b in batches] == ["episodes-00000.jsonl", "episodes-00001.jsonl"]
+    frame = pd.read_json(batches[0], lines=True)
+    assert len(frame) == 6 and set(frame["simulator_id"]) == {"stubborn"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 6 and summary["groups_with_one_simulator"] == 3
+    assert summary["status"]["COMPLETED"] == 6
+    assert (out / "config.yaml").exists()
+    assert "example transcript" in result.output
+
+
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        ("split: training\n", ["split", "'train', 'validation' or 'test'", "training"]),
+        ("simulator: {mode: verbalised}\n", ["simulator.mode", "'frozen'"]),
+        ("agent: {modle: embedded}\n", ["agent.modle", "unknown field", "allowed fields here: model, adapter"]),
+        ("rollout: {group_size: 0}\n", ["rollout.group_size", "greater than or equal to 1"]),
+        ("agent: {sampling: {top_p: 2}}\n", ["agent.sampling.top_p", "less than or equal to 1"]),
+        ("- just\n- a list\n", ["mapping"]),
+        ("env: {name: [unclosed\n", ["not valid YAML"]),
+    ],
+)
+def test_config_errors_name_the_field_and_the_allowed_values(tmp_path, text, needles):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_rollout_cli_reports_config_errors_without_traceback(tmp_path):
+    result = runner.invoke(app, ["rollout", str(write(tmp_path, "split: dev\n")), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "split" in result.output and "Traceback" not in result.output
+    missing = runner.invoke(app, ["rollout", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
