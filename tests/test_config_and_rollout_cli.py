@@ -30,7 +30,7 @@ def write(tmp_path, text, name="cfg.yaml"):
 def test_shipped_configs_load():
     from pathlib import Path
 
-    configs = sorted(Path(__file__).parents[1].glob("configs/rollout_*.yaml"))
+    configs = sorted(Path(__file__).parents[1].glob("configs/rollout*.yaml"))
     assert configs
     for path in configs:
         assert isinstance(load_config(path), RolloutRunConfig)

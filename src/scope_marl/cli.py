@@ -91,7 +91,7 @@ def rollout(
     episodes = engine.run(tasks)
     path = recorder.write_batch(episodes)
     summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens)
-    summary.update(split=cfg.split, tasks=len(tasks), batch_file=path.name)
+    summary.update(split=cfg.split, tasks=len(tasks), batch_file=path.name, env=engine.env.describe())
     recorder.write_summary(summary)
 
     table = Table(title=f"{len(episodes)} episodes in {summary['seconds']:.1f}s -> {path}")
@@ -109,6 +109,34 @@ def rollout(
         console.print(f"[bold]example transcript[/] ({first.episode_id}, {first.status.value}):")
         for m in first.messages:
             console.print(f"  [cyan]{m.role}:[/] {escape(m.content)}")
+
+
+
+data_app = typer.Typer(help="Benchmark data: download and check corpora.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("p4g")
+def data_p4g(
+    download: Path = typer.Option(None, "--download", help="fetch the corpus from its public repository into this folder"),
+    check: Path = typer.Option(None, "--check", help="check a corpus folder (default: the one the environment would use)"),
+) -> None:
+    """Get or check the Persuasion for Good corpus (never committed to this repository).
+
+    Example: scope data p4g --download ~/data/p4g && export SCOPE_P4G_DIR=~/data/p4g
+    """
+    from scope_marl.envs.p4g import corpus
+    from scope_marl.envs.p4g import download as fetch
+
+    try:
+        if download is not None:
+            fetch.download(download)
+            console.print(f"downloaded to {download}; use it with: export {corpus.ENV_VAR}={download}")
+        folder = check or download or corpus.find_corpus_dir()
+        counts = fetch.check(folder)
+    except (fetch.CorpusDownloadError, FileNotFoundError) as err:
+        fail(str(err))
+    console.print(f"{folder}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 
 
 if __name__ == "__main__":

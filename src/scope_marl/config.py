@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import typing
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -39,6 +39,27 @@ class SayTheWordConfig(Section):
     agent_first: bool = True
 
 
+class P4GConfig(Section):
+    """Persuasion for Good: the agent persuades, the simulator is the persuadee."""
+
+    name: Literal["p4g"]
+    data_dir: str | None = Field(None, description="corpus folder; default $SCOPE_P4G_DIR, then ../shared/data/p4g")
+    source: Literal["auto", "corpus", "synthetic"] = Field(
+        "auto", description="auto: the corpus when found, else personas sampled from the survey marginals"
+    )
+    synthetic_tasks: int = Field(200, ge=3)
+    max_exchanges: int = Field(5, ge=1)
+    termination: Literal["eager", "fixed"] = Field("eager", description="eager ends at a stated donation")
+    simulator_reward: Literal["adversarial", "cooperative"] = "adversarial"
+    word_limit: int = Field(50, ge=5)
+    accept_proposals: bool = Field(False, description="a persuadee 'sure, I'll do that' takes the amount just proposed")
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    seed: int = 0
+
+
+EnvConfig = Annotated[SayTheWordConfig | P4GConfig, Field(discriminator="name")]
+
+
 class AgentConfig(Section):
     model: str = Field("embedded", description="model spec, see docs/formats.md")
     adapter: str | None = None
@@ -59,7 +80,7 @@ class FrozenSimulatorConfig(Section):
 class RolloutRunConfig(Section):
     """``scope rollout``: play episodes of one environment and record them."""
 
-    env: SayTheWordConfig = Field(default_factory=SayTheWordConfig)
+    env: EnvConfig = Field(default_factory=SayTheWordConfig)
     split: Split = "train"
     num_tasks: int | None = Field(None, ge=1, description="play only the first N tasks of the split")
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -98,17 +119,37 @@ def explain(err: ValidationError, schema: type[BaseModel]) -> str:
 
 
 def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the nested model at ``loc`` (best effort; [] when it is not a model)."""
-    model = schema
+    """Field names of the nested model at ``loc`` (best effort; [] when it is not one model).
+
+    A tagged union (``env: {name: p4g}``) appears in ``loc`` as its tag, which selects the member.
+    """
+    models = [schema]
     for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if not isinstance(part, str):
+            return []
+        tagged = [m for m in models if part in _tags(m)]
+        if len(models) > 1 and tagged:
+            models = tagged
+            continue
+        field = models[0].model_fields.get(part)
         if field is None:
             return []
-        candidates = [a for a in (field.annotation, *typing.get_args(field.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not candidates:
+        models = [a for a in (field.annotation, *_union_members(field.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not models:
             return []
-        model = candidates[0]
-    return list(model.model_fields)
+    return list(models[0].model_fields) if len(models) == 1 else []
+
+
+def _union_members(annotation) -> list:
+    out = []
+    for arg in typing.get_args(annotation):
+        out += [arg, *_union_members(arg)]
+    return out
+
+
+def _tags(model: type[BaseModel]) -> set[str]:
+    """The literal values of a model's discriminator field (``name`` or ``mode``)."""
+    return {v for key in ("name", "mode") if key in model.model_fields for v in typing.get_args(model.model_fields[key].annotation)}
 
 
 def dump_config(config: BaseModel, path: str | os.PathLike) -> None:

@@ -52,6 +52,14 @@ class Environment(ABC):
     def rewards(self, task: Task, messages: Sequence[Message]) -> dict[str, float]:
         """Per-role rewards of a finished conversation."""
 
+    def episode_metadata(self, task: Task, messages: Sequence[Message]) -> dict[str, Any]:
+        """Facts worth keeping in the episode record (persona, parsed outcome, ...)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """What a run should record about the environment (source data, split, settings)."""
+        return {"name": self.name}
+
     def other(self, role: str) -> str:
         a, b = self.roles
         return b if role == a else a

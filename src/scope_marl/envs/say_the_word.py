@@ -53,6 +53,9 @@ class SayTheWord(Environment):
     def is_done(self, task: Task, messages: Sequence[Message]) -> bool:
         return self.said_word(task, messages) or len(messages) >= 2 * self.max_exchanges
 
+    def describe(self) -> dict:
+        return {"name": self.name, "num_tasks": self.num_tasks, "max_exchanges": self.max_exchanges}
+
     def rewards(self, task: Task, messages: Sequence[Message]) -> dict[str, float]:
         r = 1.0 if self.said_word(task, messages) else 0.0
         return {AGENT: r, USER: 1.0 - r}

@@ -135,6 +135,7 @@ class RolloutEngine:
         episode.error = error
         if status == EpisodeStatus.COMPLETED:
             episode.rewards = self.env.rewards(entry.task, episode.messages)
+        episode.metadata.update(self.env.episode_metadata(entry.task, episode.messages))
         for role, builder in entry.builders.items():
             builder.model.release([(episode.episode_id, role)])
             seat = self.seat_of(entry, role)

@@ -7,7 +7,7 @@ one instance, and the engine can batch their turns together.
 from __future__ import annotations
 
 from scope_marl.backends import ChatModel, load_backend
-from scope_marl.config import AgentConfig, FrozenSimulatorConfig, RolloutRunConfig, SayTheWordConfig
+from scope_marl.config import AgentConfig, EnvConfig, FrozenSimulatorConfig, P4GConfig, RolloutRunConfig
 from scope_marl.envs import Environment, SayTheWord
 from scope_marl.rollout.engine import RolloutEngine
 from scope_marl.seat import Seat
@@ -24,7 +24,11 @@ class ModelPool:
         return self._models[spec]
 
 
-def build_env(cfg: SayTheWordConfig) -> Environment:
+def build_env(cfg: EnvConfig) -> Environment:
+    if isinstance(cfg, P4GConfig):
+        from scope_marl.envs.p4g import PersuasionForGood
+
+        return PersuasionForGood(**cfg.model_dump(exclude={"name"}))
     return SayTheWord(num_tasks=cfg.num_tasks, max_exchanges=cfg.max_exchanges, agent_first=cfg.agent_first)
 
 
