@@ -36,35 +36,39 @@ def same(a: float, b: float) -> bool:
     return abs(a - b) < CENT - 1e-12
 
 
-def mentions(messages: list[Message], role: str, amount: float) -> bool:
-    """Whether a message of ``role`` mentions ``amount`` (raw, as annotated; a $0 annotation
-    counts as mentioned by a persuadee message that refuses or states $0)."""
-    for m in messages:
-        if m.role != role:
-            continue
-        if any(same(x.value, amount) for x in mentioned_amounts(m.content)):
-            return True
-        if amount == 0 and role == USER and parse_donation(m.content) == 0.0:
-            return True
-    return False
+def mentions(message: Message, amount: float) -> bool:
+    """Whether the message mentions ``amount`` (raw, as annotated). A $0 annotation is mentioned
+    only by a persuadee message that refuses or states $0: the persuader's "from $0 to all your
+    payment" quotes the choice, it does not propose nothing."""
+    if amount == 0:
+        return message.role == USER and parse_donation(message.content) == 0.0
+    return any(same(x.value, amount) for x in mentioned_amounts(message.content))
 
 
 def cause(messages: list[Message], annotated: float) -> str:
-    if mentions(messages, USER, annotated):
+    """(c) the persuadee's text has the amount, (a) only the persuader's text has it, (b) neither."""
+    if any(m.role == USER and mentions(m, annotated) for m in messages):
         return "c"
-    if mentions(messages, AGENT, annotated):
+    if any(m.role == AGENT and mentions(m, annotated) for m in messages):
         return "a"
     return "b"
 
 
 def relevant_message(messages: list[Message], annotated: float) -> str:
-    """The persuadee message that mentions the annotated amount, else the last one with any amount."""
+    """The persuadee message that mentions the annotated amount; else the persuadee's reply to the
+    last persuader message that does; else the last one the parser read an amount from; else the
+    last one."""
+    for m in reversed(messages):
+        if m.role == USER and mentions(m, annotated):
+            return m.content
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == AGENT and mentions(messages[i], annotated):
+            reply = next((m for m in messages[i + 1:] if m.role == USER), None)
+            if reply is not None:
+                return reply.content
     users = [m.content for m in messages if m.role == USER]
     for text in reversed(users):
-        if any(same(x.value, annotated) for x in mentioned_amounts(text)):
-            return text
-    for text in reversed(users):
-        if parse_donation(text) is not None or mentioned_amounts(text):
+        if parse_donation(text) is not None:
             return text
     return users[-1] if users else ""
 
