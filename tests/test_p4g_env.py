@@ -181,3 +181,34 @@ def test_p4g_rollout_records_personas_donations_and_rewards(tmp_path):
     assert first.metadata["persuadee_persona"] == persona_text(env.tasks("train")[0].data["persuadee"])
     path = RolloutRecorder(tmp_path).write_batch(episodes)
     assert "persuadee_persona" in path.read_text() and "[DONATE $0.75]" in path.read_text()
+
+
+# ---- scope data p4g -------------------------------------------------------------------------------
+
+
+def test_download_without_network_is_a_clear_error(tmp_path, monkeypatch):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+    from scope_marl.envs.p4g import download
+
+    with socket.socket() as s:  # a loopback port nobody listens on: the request fails at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(download, "SOURCE", f"http://127.0.0.1:{port}/data")
+    result = CliRunner().invoke(app, ["data", "p4g", "--download", str(tmp_path / "p4g")])
+    assert result.exit_code == 2
+    assert "could not download" in result.output and "by hand" in result.output and "Traceback" not in result.output
+
+
+@needs_corpus
+def test_data_check_counts_the_corpus():
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+
+    result = CliRunner().invoke(app, ["data", "p4g", "--check", str(CORPUS)])
+    assert result.exit_code == 0, result.output
+    assert "1017 dialogues" in result.output and "2034 participants" in result.output and "300 annotated" in result.output

@@ -136,7 +136,7 @@ def data_p4g(
         counts = fetch.check(folder)
     except (fetch.CorpusDownloadError, FileNotFoundError) as err:
         fail(str(err))
-    console.print(f"{folder}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    console.print(f"{folder}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()), soft_wrap=True)
 
 
 if __name__ == "__main__":
