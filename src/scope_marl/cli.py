@@ -71,17 +71,20 @@ def generate(
 def rollout(
     config: Path = typer.Argument(..., help="YAML config (schema: scope_marl.config.RolloutRunConfig)"),
     out: Path = typer.Option(..., "--out", "-o", help="output directory; existing batches are kept, new ones numbered after them"),
+    simulator: str = typer.Option(None, "--simulator", "-s", help="replace the config's simulator by a spec string, e.g. vs(k=5):embedded"),
 ) -> None:
     """Play episodes from a config and write one JSONL batch plus summary.json.
 
-    Example: scope rollout configs/rollout_say_the_word.yaml --out runs/rollout
+    Example: scope rollout configs/rollout_say_the_word.yaml --out runs/rollout --simulator "vs(k=3):embedded"
     """
-    from scope_marl.config import ConfigError, dump_config, load_config
+    from scope_marl.config import ConfigError, dump_config, load_config, parse_simulator_spec
     from scope_marl.rollout import RolloutRecorder, summarize
     from scope_marl.rollout.factory import build_rollout
 
     try:
         cfg = load_config(config)
+        if simulator:
+            cfg.simulator = parse_simulator_spec(simulator)
         engine = build_rollout(cfg)
         tasks = engine.env.tasks(cfg.split)[: cfg.num_tasks]
     except (ConfigError, BackendError, ValueError) as err:
@@ -91,6 +94,7 @@ def rollout(
     episodes = engine.run(tasks)
     path = recorder.write_batch(episodes)
     summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens)
+    summary["simulator"] = engine.simulator.identity()
     summary.update(split=cfg.split, tasks=len(tasks), batch_file=path.name, env=engine.env.describe())
     recorder.write_summary(summary)
 

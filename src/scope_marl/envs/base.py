@@ -52,6 +52,10 @@ class Environment(ABC):
     def rewards(self, task: Task, messages: Sequence[Message]) -> dict[str, float]:
         """Per-role rewards of a finished conversation."""
 
+    def normalize_user_reply(self, task: Task, text: str) -> str:
+        """Bring a candidate user reply in line with the environment's rules (default: unchanged)."""
+        return text
+
     def episode_metadata(self, task: Task, messages: Sequence[Message]) -> dict[str, Any]:
         """Facts worth keeping in the episode record (persona, parsed outcome, ...)."""
         return {}

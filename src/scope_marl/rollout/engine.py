@@ -14,6 +14,7 @@ row by row, so one bad request does not take its neighbours down). All are recor
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from scope_marl.backends.base import Generation, TokenChatModel
 from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
 from scope_marl.rollout.streams import StreamBuilder
 from scope_marl.seat import Seat
-from scope_marl.simulators.base import Simulator, SimulatorTurn
+from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
 from scope_marl.types import Episode, EpisodeStatus, Message
 
 
@@ -108,7 +109,7 @@ class RolloutEngine:
         """The seat that generates ``role``'s turns in this episode (None: the simulator answers itself)."""
         if role == AGENT:
             return self.agent
-        return getattr(entry.simulator, "seat", None)
+        return entry.simulator.direct_seat()
 
     # ---- episode lifecycle -------------------------------------------------------------------
     def _new_episodes(self, tasks: Sequence[Task]) -> list[_Live]:
@@ -124,6 +125,7 @@ class RolloutEngine:
                     group_id=group_id,
                     simulator_id=simulator.simulator_id,
                     split=task.split,
+                    metadata={"simulator": simulator.identity()},
                     timings={"generate_s": 0.0},
                 )
                 out.append(_Live(episode, task, simulator, self.env.first_speaker(task), 0.0))
@@ -216,15 +218,19 @@ class RolloutEngine:
 
     def _simulator_turns(self, entries: list[_Live]) -> None:
         simulator = entries[0].simulator
-        rows = [
-            (e, SimulatorTurn(e.episode.episode_id, e.task, role_view(e.episode.messages, USER, self.env.system_prompt(e.task, USER))))
-            for e in entries
-        ]
+        rows = []
+        for e in entries:
+            context = role_view(e.episode.messages, USER, self.env.system_prompt(e.task, USER))
+            rule = functools.partial(self.env.normalize_user_reply, e.task)
+            rows.append((e, SimulatorTurn(e.episode.episode_id, e.task, context, rule)))
         for (entry, _), reply in self._call_isolating_failures(rows, lambda batch: simulator.respond([t for _, t in batch])):
             if isinstance(reply, Exception):
                 self._end(entry, EpisodeStatus.FAILED, f"{type(reply).__name__}: {reply}")
-            else:
-                self._record(entry, USER, str(reply), None, None)
+                continue
+            if isinstance(reply, Response):
+                entry.episode.metadata.setdefault("simulator_turns", []).append({"message": len(entry.episode.messages), **reply.info})
+                reply = reply.reply
+            self._record(entry, USER, str(reply), None, None)
 
     def _call_isolating_failures(self, rows: list, call) -> list[tuple]:
         """``call(rows)`` as one batch; if it raises, once per row, so only failing rows fail."""

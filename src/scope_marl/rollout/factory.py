@@ -7,11 +7,22 @@ one instance, and the engine can batch their turns together.
 from __future__ import annotations
 
 from scope_marl.backends import ChatModel, load_backend
-from scope_marl.config import AgentConfig, EnvConfig, FrozenSimulatorConfig, P4GConfig, RolloutRunConfig
+from scope_marl.config import (
+    AgentConfig,
+    EnvConfig,
+    P4GConfig,
+    PersonaGuidedConfig,
+    PoolSimulatorConfig,
+    RolloutRunConfig,
+    RotationConfig,
+    SimulatorConfig,
+    TrainableSimulatorConfig,
+    VerbalizedConfig,
+)
 from scope_marl.envs import Environment, SayTheWord
 from scope_marl.rollout.engine import RolloutEngine
 from scope_marl.seat import Seat
-from scope_marl.simulators import FrozenSimulator, Simulator
+from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, Simulator, TrainableSimulator, persona_guided
 
 
 class ModelPool:
@@ -36,8 +47,33 @@ def build_agent(cfg: AgentConfig, models: ModelPool) -> Seat:
     return Seat(model=models.get(cfg.model), sampling=cfg.sampling, adapter=cfg.adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable)
 
 
-def build_simulator(cfg: FrozenSimulatorConfig, models: ModelPool) -> Simulator:
-    return FrozenSimulator(models.get(cfg.model), cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+def build_simulator(cfg: SimulatorConfig, models: ModelPool) -> Simulator:
+    """One simulator (or a rotation / population of them) from its config section."""
+    if isinstance(cfg, RotationConfig):
+        return Rotation([build_simulator(m, models) for m in cfg.members], order=cfg.order, seed=cfg.seed)
+    if isinstance(cfg, PoolSimulatorConfig):
+        from scope_marl.simulators.pool import SimulatorPool
+        from scope_marl.simulators.population import PopulationSimulator
+
+        return PopulationSimulator(SimulatorPool.load(cfg.root), models.get(cfg.model), cfg.sampling, cfg.prompt_prefix, cfg.seed)
+    model = models.get(cfg.model)
+    if isinstance(cfg, VerbalizedConfig):
+        from scope_marl.simulators.verbalized import VerbalizedSampling
+
+        return VerbalizedSampling(
+            model, k=cfg.k, method=cfg.method, variant=cfg.variant, tail_threshold=cfg.tail_threshold, calls=cfg.calls,
+            sampling=cfg.sampling, prompt_prefix=cfg.prompt_prefix, adapter=cfg.adapter, max_retries=cfg.max_retries,
+            constrained=cfg.constrained, seed=cfg.seed, simulator_id=cfg.id,
+        )
+    if isinstance(cfg, TrainableSimulatorConfig):
+        return TrainableSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+    frozen = FrozenSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+    if isinstance(cfg, PersonaGuidedConfig):
+        guided = persona_guided(frozen, cfg.guidance or PERSONA_GUIDANCE)
+        if cfg.id:
+            guided.simulator_id = cfg.id
+        return guided
+    return frozen
 
 
 def build_rollout(cfg: RolloutRunConfig, models: ModelPool | None = None) -> RolloutEngine:

@@ -53,7 +53,10 @@ def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int
     groups: dict[str, set[str]] = {}
     for e in episodes:
         groups.setdefault(e.group_id, set()).add(e.simulator_id)
+    from scope_marl.simulators.verbalized import vs_metrics
+
     return {
+        **({"verbalized_sampling": m} if (m := vs_metrics(episodes)) else {}),
         "episodes": len(episodes),
         "status": {s.value: status.get(s.value, 0) for s in EpisodeStatus},
         "rewards": rewards,

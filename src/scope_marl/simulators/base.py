@@ -8,8 +8,8 @@ LLM environments get text replies; the collapse lab gets discrete acts. The same
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from scope_marl.envs.base import Task
@@ -25,6 +25,15 @@ class SimulatorTurn:
     episode_id: str
     task: Task
     context: Any
+    rules: Callable[[str], str] | None = None  # the environment's rule for a user reply (e.g. P4G donation tag)
+
+
+@dataclass
+class Response(Generic[Reply]):
+    """A reply plus what the simulator wants recorded about this turn (candidates, draws, retries)."""
+
+    reply: Reply
+    info: dict = field(default_factory=dict)
 
 
 class Simulator(ABC, Generic[Reply]):
@@ -39,6 +48,15 @@ class Simulator(ABC, Generic[Reply]):
         """
         return self
 
+    def direct_seat(self):
+        """A Seat the rollout engine may drive itself (batched, token-in-token-out), or None when the
+        simulator must answer through :meth:`respond` (scripted, discrete, multi-call modes)."""
+        return None
+
+    def identity(self) -> dict:
+        """What an episode records about the simulator that played it, to split results by simulator."""
+        return {"id": self.simulator_id}
+
     @abstractmethod
-    def respond(self, turns: Sequence[SimulatorTurn]) -> list[Reply]:
-        """Replies for a batch of pending user turns, in order."""
+    def respond(self, turns: Sequence[SimulatorTurn]) -> list[Reply | Response[Reply]]:
+        """Replies for a batch of pending user turns, in order (optionally wrapped in a Response)."""

@@ -1,4 +1,10 @@
-"""A frozen LLM simulator: any backend, a prompt variant, fixed sampling; never updated."""
+"""LLM simulators: a seat (model, adapter, sampling, prompt variant) playing the user side.
+
+:class:`FrozenSimulator` is never updated (the single-simulator baseline of the paper);
+:class:`~scope_marl.simulators.trainable.TrainableSimulator` is the same thing with its seat marked
+trainable. The rollout engine drives the seat directly (batched with other turns on the same
+model, token-in-token-out); :meth:`respond` serves callers outside the engine.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,9 @@ from scope_marl.simulators.base import Simulator, SimulatorTurn
 from scope_marl.types import Message
 
 
-class FrozenSimulator(Simulator[str]):
-    """The single-simulator baseline of the paper. The rollout engine drives its :attr:`seat`
-    directly (batched with other turns on the same model); :meth:`respond` serves callers
-    outside the engine."""
+class LLMSimulator(Simulator[str]):
+    kind = "llm"
+    trainable = False
 
     def __init__(
         self,
@@ -23,13 +28,30 @@ class FrozenSimulator(Simulator[str]):
         adapter: str | None = None,
         simulator_id: str | None = None,
     ):
-        self.seat = Seat(model=model, sampling=sampling or SamplingParams(), adapter=adapter, prompt_prefix=prompt_prefix)
-        self.simulator_id = simulator_id or f"frozen:{model.name}" + (f"+{adapter}" if adapter else "")
+        self.seat = Seat(model=model, sampling=sampling or SamplingParams(), adapter=adapter, prompt_prefix=prompt_prefix, trainable=self.trainable)
+        self.simulator_id = simulator_id or f"{self.kind}:{model.name}" + (f"+{adapter}" if adapter else "")
 
-    def respond(self, turns: Sequence[SimulatorTurn]) -> list[str]:
-        chats = []
+    def direct_seat(self):
+        return self.seat
+
+    def identity(self) -> dict:
+        seat = self.seat
+        return {"id": self.simulator_id, "mode": self.kind, "model": seat.model.name, "adapter": seat.adapter,
+                "prompt_prefix": seat.prompt_prefix, "temperature": seat.sampling.temperature}
+
+    def chats(self, turns: Sequence[SimulatorTurn]) -> list[list[Message]]:
+        """Each turn's context with this simulator's prompt variant applied to the system message."""
+        out = []
         for turn in turns:
             system, *rest = turn.context
-            chats.append([Message(role="system", content=self.seat.system_prompt(system.content)), *rest])
-        adapters = [self.seat.adapter] * len(chats)
-        return [g.text for g in self.seat.model.generate(chats, self.seat.sampling, adapters if self.seat.adapter else None)]
+            out.append([Message(role="system", content=self.seat.system_prompt(system.content)), *rest])
+        return out
+
+    def respond(self, turns: Sequence[SimulatorTurn]) -> list[str]:
+        chats = self.chats(turns)
+        adapters = [self.seat.adapter] * len(chats) if self.seat.adapter else None
+        return [g.text for g in self.seat.model.generate(chats, self.seat.sampling, adapters)]
+
+
+class FrozenSimulator(LLMSimulator):
+    kind = "frozen"

@@ -145,6 +145,13 @@ class PersuasionForGood(Environment):
             return has_donation_tag(messages[-1].content)
         return False
 
+    def normalize_user_reply(self, task: Task, text: str) -> str:
+        """A candidate that commits to a positive amount must carry the tag the reward reads first."""
+        amount = parse_donation(text)
+        if amount is not None and amount > 0 and not has_donation_tag(text):
+            return f"{text.rstrip()} [DONATE ${amount:.2f}]"
+        return text
+
     def donation(self, messages: Sequence[Message]) -> float:
         return episode_donation(messages, accept_proposals=self.accept_proposals)
 
