@@ -115,10 +115,9 @@ def main() -> None:
         row["seconds"] = seconds
         results[name] = row
         example[name] = per_state[0][:3]
-        na = "-"
-        print(f"{name:<11}{row.get('parse_ok', na) if name == 'plain' else f'{row['parse_ok']:.3f}':>9}"
-              f"{na if name == 'plain' else f'{row['fallback']:.3f}':>9}{row['distinct2']:>11.3f}{row['unique_first']:>11.3f}"
-              f"{row['top1']:>11.3f}{seconds:>9.1f}")
+        parse_ok = "-" if name == "plain" else f"{row['parse_ok']:.3f}"
+        fallback = "-" if name == "plain" else f"{row['fallback']:.3f}"
+        print(f"{name:<11}{parse_ok:>9}{fallback:>9}{row['distinct2']:>11.3f}{row['unique_first']:>11.3f}{row['top1']:>11.3f}{seconds:>9.1f}")
     print()
     for name, replies in example.items():
         print(f"{name}, state 0: " + " || ".join(r[:80].replace("\n", " ") for r in replies))
