@@ -1,0 +1,1 @@
+"""Learning from rollouts: GRPO-family losses and per-role LoRA learners."""
