@@ -1,0 +1,170 @@
+"""A learner updates one role's policy (its LoRA adapter on the shared model) from that role's streams.
+
+One learner per trainable role: in co-training the agent's and the simulator's learners each see
+only their own role's RoleStreams and rewards, and each owns an optimizer over its own adapter's
+parameters, so training one role can never move the other's weights. Log-probs are recomputed
+exactly as the rollout recorded them (DESIGN.md: temperature-scaled full distribution), so the
+first update of a batch is on-policy: importance ratios of 1 and no clipping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from scope_marl.backends.hf import HFChatModel
+from scope_marl.training.losses import Aggregation, group_advantages, policy_loss, zero_variance_share
+from scope_marl.types import Episode, EpisodeStatus, RoleStream
+
+
+class LearnerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.01, ge=0, description="k3 KL to the base model with adapters disabled")
+    entropy_coef: float = Field(0.0, ge=0)
+    aggregation: Aggregation = "seq_mean_token_mean"
+    normalize_std: bool = False
+    constant_groups: str = Field("zero", pattern="^(zero|batch)$", description="batch: group-level rewards get a batch baseline")
+    token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradient accumulation across micro-batches)")
+    epochs: int = Field(1, ge=1, description="optimizer epochs over each rollout batch")
+    train_on: list[EpisodeStatus] = Field(default_factory=lambda: [EpisodeStatus.COMPLETED])
+
+
+class Learner:
+    def __init__(self, chat: HFChatModel, role: str, adapter: str, temperature: float, config: LearnerConfig | None = None):
+        if adapter not in chat.adapters:
+            raise ValueError(f"adapter {adapter!r} is not on the model (it has {chat.adapters}); add it with chat.add_adapter first")
+        self.chat, self.role, self.adapter = chat, role, adapter
+        self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
+        self.config = config or LearnerConfig()
+        self.params = [p for n, p in chat.model.named_parameters() if "lora_" in n and f".{adapter}." in n]
+        if not self.params:
+            raise ValueError(f"adapter {adapter!r} has no LoRA parameters to train")
+        for p in self.params:
+            p.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.steps = 0
+
+    # ---- scoring ---------------------------------------------------------------------------------
+    def _micro_batches(self, streams: Sequence[RoleStream]) -> list[list[int]]:
+        """Consecutive stream indices whose padded size stays within the token budget."""
+        batches, current, width = [], [], 0
+        for i, s in enumerate(streams):
+            length = len(s.prompt_ids) + len(s.response_ids)
+            if current and max(width, length) * (len(current) + 1) > self.config.token_budget:
+                batches.append(current)
+                current, width = [], 0
+            current.append(i)
+            width = max(width, length)
+        return batches + ([current] if current else [])
+
+    def score(self, streams: Sequence[RoleStream], use_adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies of every response token, [B, T] right-padded, plus the loss mask.
+
+        Gradients flow when called under grad mode with ``use_adapter``; with ``use_adapter=False`` it
+        scores the frozen reference (adapters disabled).
+        """
+        width = max(len(s.response_ids) for s in streams)
+        total = max(len(s.prompt_ids) + len(s.response_ids) for s in streams)
+        ids = torch.full((len(streams), total), self.chat.pad_id, dtype=torch.long)
+        attention = torch.zeros(len(streams), total, dtype=torch.long)
+        for i, s in enumerate(streams):
+            seq = s.prompt_ids + s.response_ids
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+        model = self.chat.model
+        if use_adapter:
+            model.set_adapter(self.adapter)
+            logits = model(input_ids=ids, attention_mask=attention).logits
+        else:
+            with model.disable_adapter():
+                logits = model(input_ids=ids, attention_mask=attention).logits
+        logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        logp = torch.zeros(len(streams), width)
+        entropy = torch.zeros(len(streams), width)
+        mask = torch.zeros(len(streams), width)
+        for i, s in enumerate(streams):
+            n, m = len(s.prompt_ids), len(s.response_ids)
+            rows = logp_all[i, n - 1 : n - 1 + m]  # position t predicts token t + 1
+            logp[i, :m] = rows.gather(-1, torch.tensor(s.response_ids)[:, None]).squeeze(-1)
+            entropy[i, :m] = -(rows.exp() * rows).sum(-1).detach()
+            mask[i, :m] = torch.tensor(s.loss_mask, dtype=torch.float)
+        return logp, entropy, mask
+
+    # ---- one update ------------------------------------------------------------------------------
+    def trainable(self, episodes: Sequence[Episode]) -> list[Episode]:
+        return [
+            e for e in episodes
+            if e.status in self.config.train_on and self.role in e.streams and e.streams[self.role].reward is not None
+            and e.streams[self.role].num_sampled_tokens > 0
+        ]
+
+    def step(self, episodes: Sequence[Episode]) -> dict[str, float]:
+        """One rollout batch -> ``epochs`` optimizer steps on this role. Returns metrics."""
+        started = time.perf_counter()
+        used = self.trainable(episodes)
+        if not used:
+            return {"episodes": 0, "skipped": len(episodes)}
+        streams = [e.streams[self.role] for e in used]
+        rewards = torch.tensor([s.reward for s in streams])
+        groups = [e.group_id for e in used]
+        advantages = group_advantages(rewards, groups, self.config.normalize_std, self.config.constant_groups)
+        max_tokens = max(len(s.response_ids) for s in streams)
+        sampled = sum(s.num_sampled_tokens for s in streams)
+        was_training = self.chat.model.training
+        self.chat.model.eval()  # no dropout: the first update must score exactly what was sampled
+        stats_sum: dict[str, float] = {}
+        for _ in range(self.config.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for batch in self._micro_batches(streams):
+                chunk = [streams[i] for i in batch]
+                new_logp, entropy, mask = self.score(chunk)
+                old_logp = torch.zeros_like(new_logp)
+                for j, s in enumerate(chunk):
+                    old_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
+                ref_logp = None
+                if self.config.kl_coef > 0:
+                    with torch.no_grad():
+                        ref_logp, _, _ = self.score(chunk, use_adapter=False)
+                loss, stats = policy_loss(
+                    new_logp, old_logp, advantages[batch], mask, ref_logp, entropy,
+                    self.config.eps_low, self.config.eps_high, self.config.kl_coef, self.config.entropy_coef,
+                    self.config.aggregation, max_tokens,
+                )
+                # Each micro-batch's loss is its own mean; weight it by its share of the batch-level
+                # normalizer so the accumulated gradient equals the full-batch one.
+                tokens = float(mask.sum())
+                share = tokens / sampled if self.config.aggregation == "token_mean" else len(batch) / len(streams)
+                (loss * share).backward()
+                for key, value in stats.items():
+                    stats_sum[key] = stats_sum.get(key, 0.0) + value * tokens
+                stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+            self.optimizer.step()
+            self.steps += 1
+        self.chat.model.train(was_training)
+        self.chat.prefix_cache.clear()  # cached states were computed with the old weights
+        n = sampled * self.config.epochs
+        return {
+            "episodes": len(used),
+            "skipped": len(episodes) - len(used),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "zero_variance_groups": zero_variance_share(rewards, groups),
+            "trained_tokens": sampled,
+            "loss": stats_sum["loss"] / self.config.epochs,
+            "clip_fraction": stats_sum["clip_fraction"] / n,
+            "kl": stats_sum["kl"] / n,
+            "entropy": stats_sum["entropy"] / n,
+            "ratio_mean": stats_sum["ratio_mean"] / n,
+            "grad_norm": float(grad_norm),
+            "update_s": time.perf_counter() - started,
+        }
