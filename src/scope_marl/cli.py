@@ -116,6 +116,34 @@ def rollout(
 
 
 
+@app.command()
+def train(
+    config: Path = typer.Argument(None, help="YAML config (schema: scope_marl.config.TrainConfig); omit with --resume"),
+    out: Path = typer.Option(None, "--out", "-o", help="run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/"),
+    resume: Path = typer.Option(None, "--resume", help="continue this run directory from its latest checkpoint"),
+) -> None:
+    """Train the agent (and, in co-training, the simulator) with GRPO on LoRA adapters.
+
+    Example: scope train configs/train_p4g_frozen.yaml --out runs/frozen   (then: scope train --resume runs/frozen)
+    """
+    from scope_marl.config import ConfigError, TrainConfig, load_config
+    from scope_marl.training.trainer import Trainer, start
+
+    try:
+        if resume is not None:
+            trainer = Trainer.resume(resume)
+        elif config is None or out is None:
+            fail("give a CONFIG and --out RUN_DIR, or --resume RUN_DIR")
+        else:
+            trainer = start(load_config(config, TrainConfig), out)
+    except (ConfigError, BackendError, FileNotFoundError, FileExistsError, ValueError) as err:
+        fail(str(err))
+    records = trainer.run()
+    last = records[-1] if records else {}
+    console.print(f"trained to step {trainer.step}; metrics in {trainer.metrics_path}; last agent reward "
+                  f"{last.get('reward_agent', {}).get('mean', float('nan')):.3f}", soft_wrap=True)
+
+
 data_app = typer.Typer(help="Benchmark data: download and check corpora.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(data_app, name="data")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scope_marl.backends.base import SamplingParams
 from scope_marl.rollout.engine import RolloutConfig
@@ -246,3 +246,65 @@ def _tags(model: type[BaseModel]) -> set[str]:
 
 def dump_config(config: BaseModel, path: str | os.PathLike) -> None:
     Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+# ---- training ----------------------------------------------------------------------------------
+
+
+class LoraSettings(Section):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+class EvalSettings(Section):
+    every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
+    tasks: int = Field(4, ge=1, description="a fixed, seeded subset of the test split")
+    group_size: int = Field(1, ge=1)
+    simulator: SimulatorConfig = Field(
+        default_factory=lambda: FrozenSimulatorConfig(
+            id="heldout-skeptic", prompt_prefix="You are skeptical and careful with money.",
+            sampling=SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=48),
+        ),
+        description="held-out simulator (until the evaluation issue's panels land)",
+    )
+
+
+class PoolSettings(Section):
+    every: int = Field(16, ge=1, description="snapshot the trainable simulator every N steps")
+    max_size: int = Field(10, ge=2)
+    selection: Literal["random", "latest", "prioritized"] = "random"
+
+
+class TrainConfig(Section):
+    """``scope train``: one experiment arm."""
+
+    model: str = Field("embedded", description="the base model every LoRA adapter sits on (a local model spec)")
+    env: EnvConfig = Field(default_factory=SayTheWordConfig)
+    agent_sampling: SamplingParams = Field(default_factory=default_sampling)
+    simulator: SimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
+    trainable_roles: list[Literal["agent", "user"]] = Field(default_factory=lambda: ["agent"], min_length=1)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    learner: dict = Field(default_factory=dict, description="LearnerConfig fields for the agent")
+    simulator_learner: dict | None = Field(None, description="LearnerConfig fields for the simulator (default: as the agent)")
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(group_size=4, max_concurrent=32))
+    tasks_per_step: int = Field(4, ge=1)
+    steps: int = Field(10, ge=1)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    checkpoint_every: int = Field(5, ge=1)
+    keep_last: int = Field(2, ge=1)
+    pool: PoolSettings | None = Field(None, description="population co-training: snapshots of the trainable simulator")
+    seed: int = 0
+    threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
+
+    @model_validator(mode="after")
+    def _roles_match_simulator(self) -> TrainConfig:
+        if "user" in self.trainable_roles and self.simulator.mode != "trainable":
+            raise ValueError(f"trainable_roles includes 'user' but simulator.mode is {self.simulator.mode!r}; use mode: trainable (co-training)")
+        if self.simulator.mode == "trainable" and "user" not in self.trainable_roles:
+            raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
+        if self.pool is not None and self.simulator.mode != "trainable":
+            raise ValueError("pool (population co-training) needs simulator.mode: trainable")
+        return self

@@ -88,14 +88,16 @@ class Learner:
             with model.disable_adapter():
                 logits = model(input_ids=ids, attention_mask=attention).logits
         logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        logp = torch.zeros(len(streams), width)
-        entropy = torch.zeros(len(streams), width)
+        logp = logp_all.new_zeros(len(streams), width)
+        entropy = logp_all.new_zeros(len(streams), width)
         mask = torch.zeros(len(streams), width)
         for i, s in enumerate(streams):
             n, m = len(s.prompt_ids), len(s.response_ids)
             rows = logp_all[i, n - 1 : n - 1 + m]  # position t predicts token t + 1
             logp[i, :m] = rows.gather(-1, torch.tensor(s.response_ids)[:, None]).squeeze(-1)
-            entropy[i, :m] = -(rows.exp() * rows).sum(-1).detach()
+            token_entropy = -(rows.exp() * rows).sum(-1)
+            # Only an entropy bonus needs its gradient; otherwise keep the graph small.
+            entropy[i, :m] = token_entropy if self.config.entropy_coef > 0 else token_entropy.detach()
             mask[i, :m] = torch.tensor(s.loss_mask, dtype=torch.float)
         return logp, entropy, mask
 

@@ -1,0 +1,235 @@
+"""The training loop: rollout -> per-role learner updates -> pool / evaluation / checkpoint, step by step.
+
+One base model holds every policy as a LoRA adapter: ``agent`` always, ``simulator`` in
+co-training. The frozen KL reference is the base with adapters disabled. Each step reads the next
+``tasks_per_step`` training tasks from a cursor (a seeded shuffle per pass over the split), plays
+``group_size`` rollouts per task, and updates each role in ``trainable_roles`` on its own streams
+and reward. Evaluation plays a fixed, seeded subset of the *test* split against a held-out simulator
+with its own engine, so it never moves the training cursor or the training engine's counters.
+Population co-training snapshots the simulator adapter into a :class:`SimulatorPool` every N steps
+and loads a drawn member into the simulator adapter before each rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from scope_marl.backends.hf import HFChatModel
+from scope_marl.config import TrainConfig, dump_config, load_config
+from scope_marl.envs import AGENT, USER
+from scope_marl.rollout import RolloutConfig, RolloutEngine, RolloutRecorder
+from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
+from scope_marl.seat import Seat
+from scope_marl.training import checkpoint
+from scope_marl.training.learner import Learner, LearnerConfig
+
+ADAPTERS = {AGENT: "agent", USER: "simulator"}
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        models = ModelPool()
+        self.chat = models.get(cfg.model)
+        if not isinstance(self.chat, HFChatModel):
+            raise ValueError(f"training needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
+        self._add_adapters()
+        self.env = build_env(cfg.env)
+        self.simulator = build_simulator(cfg.simulator, models)
+        agent = Seat(model=self.chat, sampling=cfg.agent_sampling, adapter=ADAPTERS[AGENT], trainable=AGENT in cfg.trainable_roles)
+        self.engine = RolloutEngine(self.env, agent, self.simulator, cfg.rollout)
+        self.learners = {}
+        for role in cfg.trainable_roles:
+            fields = cfg.learner if role == AGENT or cfg.simulator_learner is None else cfg.simulator_learner
+            temperature = cfg.agent_sampling.temperature if role == AGENT else cfg.simulator.sampling.temperature
+            self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, LearnerConfig(**fields))
+        eval_agent = Seat(model=self.chat, sampling=cfg.agent_sampling, adapter=ADAPTERS[AGENT])
+        eval_rollout = RolloutConfig(group_size=cfg.eval.group_size, max_concurrent=cfg.rollout.max_concurrent,
+                                     seed=cfg.seed + 7919, on_turn_limit=cfg.rollout.on_turn_limit, progress=False)
+        self.eval_simulator = build_simulator(cfg.eval.simulator, models)
+        self.eval_env = self.env
+        self._eval_agent, self._eval_rollout = eval_agent, eval_rollout
+        self.recorder = RolloutRecorder(self.run_dir / "rollouts")
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.pool = None
+        self.step = 0
+        self.cursor = 0
+        self.best: tuple[float, str] | None = None
+
+    def _add_adapters(self) -> None:
+        from peft import LoraConfig
+
+        lora = self.cfg.lora
+        roles = [AGENT] + ([USER] if self.cfg.simulator.mode == "trainable" else [])
+        for role in roles:
+            if ADAPTERS[role] not in self.chat.adapters:
+                config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
+                self.chat.add_adapter(ADAPTERS[role], config)
+
+    # ---- data --------------------------------------------------------------------------------
+    def next_tasks(self):
+        """The next ``tasks_per_step`` training tasks: a seeded shuffle of the split per pass."""
+        tasks = self.env.tasks("train")
+        out = []
+        for _ in range(self.cfg.tasks_per_step):
+            epoch, index = divmod(self.cursor, len(tasks))
+            order = list(range(len(tasks)))
+            random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+            out.append(tasks[order[index]])
+            self.cursor += 1
+        return out
+
+    # ---- one step ----------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        started = time.perf_counter()
+        if self.cfg.pool is not None:
+            self._ensure_pool()
+            self._load_pool_member()
+        episodes = self.engine.run(self.next_tasks())
+        rollout_s = time.perf_counter() - started
+        self.recorder.write_batch(episodes)
+        self.step += 1
+        record: dict = {"step": self.step, "rollout_s": rollout_s, "episodes": len(episodes),
+                        "status": {s: sum(e.status.value == s for e in episodes) for s in ("COMPLETED", "TRUNCATED", "FAILED")},
+                        "generated_tokens": sum(s.num_sampled_tokens for e in episodes for s in e.streams.values())}
+        for role in (AGENT, USER):
+            rewards = [e.rewards[role] for e in episodes if role in e.rewards]
+            if rewards:
+                mean = sum(rewards) / len(rewards)
+                record[f"reward_{role}"] = {"mean": mean, "std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5}
+        update_started = time.perf_counter()
+        for role, learner in self.learners.items():
+            record[f"train_{role}"] = learner.step(episodes)
+        record["update_s"] = time.perf_counter() - update_started
+        if self.cfg.pool is not None and self.step % self.cfg.pool.every == 0:
+            self._snapshot_simulator()
+        if self.cfg.eval.every and self.step % self.cfg.eval.every == 0:
+            record["eval"] = self.evaluate()
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
+            self.save()
+        return record
+
+    def run(self, progress: bool = True) -> list[dict]:
+        from tqdm.auto import tqdm
+
+        records = []
+        with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not progress) as bar:
+            while self.step < self.cfg.steps:
+                record = self.train_step()
+                records.append(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
+        return records
+
+    def evaluate(self) -> dict:
+        """The agent against the held-out simulator on a fixed subset of the test split."""
+        tasks = list(self.eval_env.tasks("test"))
+        random.Random(self.cfg.seed).shuffle(tasks)
+        engine = RolloutEngine(self.eval_env, self._eval_agent, self.eval_simulator, self._eval_rollout)
+        episodes = engine.run(tasks[: self.cfg.eval.tasks])
+        rewards = [e.rewards[AGENT] for e in episodes if AGENT in e.rewards]
+        return {"simulator": self.eval_simulator.simulator_id, "episodes": len(episodes),
+                "reward_agent": sum(rewards) / len(rewards) if rewards else None}
+
+    # ---- population --------------------------------------------------------------------------
+    def _ensure_pool(self) -> None:
+        from scope_marl.simulators.pool import SimulatorPool
+
+        if self.pool is not None:
+            return
+        root = self.run_dir / "pool"
+        if (root / "manifest.json").exists():
+            self.pool = SimulatorPool.load(root)
+            return
+        p = self.cfg.pool
+        self.pool = SimulatorPool(root, max_size=p.max_size, selection=p.selection, seed=self.cfg.seed)
+        self._snapshot_simulator(base=True)
+
+    def _snapshot_simulator(self, base: bool = False) -> None:
+        staging = self.run_dir / "pool-staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        self.chat.model.save_pretrained(staging, selected_adapters=[ADAPTERS[USER]])
+        self.pool.add(checkpoint.adapter_path(staging, ADAPTERS[USER]), step=self.step, base=base)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _load_pool_member(self) -> None:
+        """Load a drawn member's weights into the live simulator adapter before the rollout."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        member = self.pool.select(rng=random.Random(self.cfg.seed * 1_000_003 + self.step))
+        weights = load_file(str(Path(member.path) / "adapter_model.safetensors"))
+        set_peft_model_state_dict(self.chat.model, weights, adapter_name=ADAPTERS[USER])
+        self.chat.prefix_cache.clear()
+        self.engine.simulator.simulator_id = f"trainable:{member.member_id}"
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save(self) -> Path:
+        adapters = sorted({ADAPTERS[r] for r in self.learners} | {ADAPTERS[AGENT]})
+        state = {"cursor": self.cursor, "best": self.best, "pool": str(self.run_dir / "pool") if self.pool else None}
+        engine_state = {"groups": self.engine._groups_started, "calls": self.engine._calls}
+        path = checkpoint.save(self.run_dir, self.step, self.chat, adapters,
+                               {role: l.optimizer for role, l in self.learners.items()}, state, engine_state)
+        checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]) if self.best else None)
+        return path
+
+    @classmethod
+    def resume(cls, run_dir: str | Path) -> Trainer:
+        """Continue a run from its own saved config and latest checkpoint."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        run_dir = Path(run_dir)
+        config_path = run_dir / "config.yaml"
+        if not config_path.exists():
+            raise FileNotFoundError(f"{run_dir} has no config.yaml: is it a run directory written by scope train?")
+        trainer = cls(load_config(config_path, TrainConfig), run_dir)
+        checkpoints = checkpoint.list_checkpoints(run_dir)
+        if not checkpoints:
+            raise FileNotFoundError(f"{run_dir} has no checkpoint yet; start it again with scope train CONFIG --out {run_dir}")
+        latest = checkpoints[-1]
+        state, optimizers, rng = checkpoint.load_state(latest)
+        for name in {ADAPTERS[r] for r in trainer.learners} | {ADAPTERS[AGENT]}:
+            weights = load_file(str(checkpoint.adapter_path(latest / "adapters", name) / "adapter_model.safetensors"))
+            set_peft_model_state_dict(trainer.chat.model, weights, adapter_name=name)
+        for role, learner in trainer.learners.items():
+            learner.optimizer.load_state_dict(optimizers[role])
+        checkpoint.restore_rng(rng)
+        trainer.engine._groups_started = rng["engine"]["groups"]
+        trainer.engine._calls = rng["engine"]["calls"]
+        trainer.step, trainer.cursor, trainer.best = state["step"], state["cursor"], state["best"]
+        trainer._truncate_metrics()
+        return trainer
+
+    def _truncate_metrics(self) -> None:
+        """Drop metric lines of steps after the checkpoint (they will be played again)."""
+        if not self.metrics_path.exists():
+            return
+        lines = [l for l in self.metrics_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= self.step]
+        self.metrics_path.write_text("".join(l + "\n" for l in lines))
+
+
+def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
+    run_dir = Path(run_dir)
+    if (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; continue it with: scope train --resume {run_dir}")
+    trainer = Trainer(cfg, run_dir)
+    dump_config(cfg, run_dir / "config.yaml")
+    return trainer

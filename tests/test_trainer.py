@@ -1,0 +1,135 @@
+"""The training loop on a tiny saved model: roles, co-training, population, evaluation, exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from scope_marl.config import TrainConfig
+from scope_marl.training.trainer import Trainer, start
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, make_tiny_model, tokenizer):
+    """A tiny Llama saved like any transformers model, so configs can name it as hf:PATH."""
+    from transformers import LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model = make_tiny_model()
+    plain = LlamaForCausalLM(model.config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def config(model_dir, **overrides) -> dict:
+    base = {
+        "model": f"hf:{model_dir}",
+        "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
+        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
+        "simulator": {"mode": "frozen", "model": f"hf:{model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}},
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "learner": {"lr": 0.01, "kl_coef": 0.01},
+        "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
+        "tasks_per_step": 2,
+        "steps": 4,
+        "checkpoint_every": 2,
+        "eval": {"every": 2, "tasks": 2, "simulator": {"mode": "frozen", "id": "heldout", "model": f"hf:{model_dir}",
+                                                       "sampling": {"temperature": 1.3, "max_new_tokens": 6}}},
+        "seed": 0,
+        "threads": 1,
+        "deterministic": True,
+    }
+    base.update(overrides)
+    return base
+
+
+def comparable(record: dict) -> dict:
+    """A metrics line without wall-clock fields."""
+    drop = {"rollout_s", "update_s"}
+    out = {k: v for k, v in record.items() if k not in drop}
+    for key in [k for k in out if k.startswith("train_")]:
+        out[key] = {k: v for k, v in out[key].items() if k != "update_s"}
+    return out
+
+
+def test_agent_only_training_leaves_the_simulator_alone_and_writes_metrics(tiny_model_dir, tmp_path):
+    trainer = start(TrainConfig.model_validate(config(tiny_model_dir)), tmp_path / "run")
+    records = trainer.run(progress=False)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    first = records[0]["train_agent"]
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and first["clip_fraction"] == 0.0
+    assert "train_user" not in records[0] and records[1]["eval"]["simulator"] == "heldout"
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[-1])["step"] == 4
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    assert trainer.cursor == 8, "4 steps x 2 tasks read from the training cursor; evaluation read none"
+
+
+def test_co_training_updates_both_adapters_and_simulator_only_freezes_the_agent(tiny_model_dir, tmp_path):
+    sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
+    both = start(TrainConfig.model_validate(config(tiny_model_dir, simulator=sim, trainable_roles=["agent", "user"], steps=1)), tmp_path / "both")
+    record = both.train_step()
+    assert record["train_agent"]["episodes"] > 0 and record["train_user"]["episodes"] > 0
+    only_user = start(TrainConfig.model_validate(config(tiny_model_dir, simulator=sim, trainable_roles=["user"], steps=1)), tmp_path / "user")
+    agent_before = {n: p.clone() for n, p in only_user.chat.model.named_parameters() if ".agent." in n}
+    only_user.train_step()
+    assert all(torch.equal(p, agent_before[n]) for n, p in only_user.chat.model.named_parameters() if ".agent." in n)
+
+
+def test_population_snapshots_go_to_the_pool(tiny_model_dir, tmp_path):
+    sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
+    # The tiny model's rewards are constant (zero advantages); an entropy bonus still moves the simulator.
+    cfg = config(tiny_model_dir, simulator=sim, trainable_roles=["agent", "user"], steps=4, pool={"every": 2, "max_size": 3},
+                 simulator_learner={"lr": 0.01, "entropy_coef": 0.01})
+    trainer = start(TrainConfig.model_validate(cfg), tmp_path / "pop")
+    trainer.run(progress=False)
+    members = trainer.pool.members
+    assert [m.step for m in members] == [0, 2, 4] and members[0].pinned
+    assert len({m.path for m in members}) == 3 and len({m.content_hash for m in members}) == 3
+
+
+def test_config_rejects_inconsistent_roles(tiny_model_dir):
+    with pytest.raises(ValueError, match="mode: trainable"):
+        TrainConfig.model_validate(config(tiny_model_dir, trainable_roles=["agent", "user"]))
+
+
+def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
+    cfg_path = tmp_path / "train.yaml"
+    cfg_path.write_text(yaml.safe_dump(config(tiny_model_dir, steps=4, checkpoint_every=2)))
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    cli = [sys.executable, "-m", "scope_marl.cli", "train"]
+
+    subprocess.run([*cli, str(cfg_path), "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
+
+    killed = subprocess.Popen([*cli, str(cfg_path), "--out", str(tmp_path / "killed")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / "killed" / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.time() + 240
+    while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists(), "the run never wrote its first checkpoint"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    subprocess.run([*cli, "--resume", str(tmp_path / "killed")], check=True, env=env, capture_output=True)
+
+    def read(run):
+        return [comparable(json.loads(l)) for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    straight, resumed = read("straight"), read("killed")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert resumed == straight
+
+
+def test_resume_needs_a_run_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.yaml"):
+        Trainer.resume(tmp_path)
