@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/scope rollout configs/rollout_say_the_word.yaml --out runs/rollout
+	$(BIN)/scope demo --out runs/demo
 
 test: setup
 	$(BIN)/python -m pytest -q

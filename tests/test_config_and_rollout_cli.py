@@ -30,10 +30,15 @@ def write(tmp_path, text, name="cfg.yaml"):
 def test_shipped_configs_load():
     from pathlib import Path
 
-    configs = sorted(Path(__file__).parents[1].glob("configs/rollout*.yaml"))
-    assert configs
-    for path in configs:
+    from scope_marl.config import TrainConfig
+
+    root = Path(__file__).parents[1] / "configs"
+    rollout, train = sorted(root.glob("rollout*.yaml")), sorted(root.glob("train_*.yaml"))
+    assert len(rollout) >= 4 and len(train) == 8
+    for path in rollout:
         assert isinstance(load_config(path), RolloutRunConfig)
+    arms = {load_config(path, TrainConfig).simulator.mode for path in train}
+    assert arms == {"frozen", "rotation", "persona_guided", "vs", "trainable"}
 
 
 def test_rollout_cli_writes_jsonl_and_summary_and_keeps_earlier_batches(tmp_path):

@@ -12,7 +12,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.envs import AGENT, USER, SayTheWord
 from scope_marl.rollout import RolloutConfig, RolloutEngine
 from scope_marl.seat import Seat
-from scope_marl.simulators import TrainableSimulator
+from scope_marl.simulators import FrozenSimulator, TrainableSimulator
 from scope_marl.training.learner import Learner, LearnerConfig
 
 SAMPLING = SamplingParams(temperature=0.9, max_new_tokens=32)
@@ -112,3 +112,33 @@ def test_failed_and_truncated_episodes_are_excluded_by_default(co_training):
     assert len(learner.trainable(episodes)) == 14
     included = Learner(chat, AGENT, "agent", SAMPLING.temperature, LearnerConfig(train_on=["COMPLETED", "TRUNCATED"]))
     assert len(included.trainable(episodes)) == 15
+
+
+class Brevity(SayTheWord):
+    """A learnable signal for a random model: the agent is rewarded for ending its turn early."""
+
+    def is_done(self, task, messages) -> bool:
+        return len(messages) >= 1
+
+    def rewards(self, task, messages) -> dict[str, float]:
+        r = max(0.0, 1.0 - len(messages[0].content) / 40)
+        return {AGENT: r, USER: 1.0 - r}
+
+
+def test_the_learning_loop_raises_reward_on_a_learnable_task(make_tiny_model, tokenizer):
+    from peft import LoraConfig
+
+    torch.manual_seed(0)
+    chat = HFChatModel(make_tiny_model(eot_bias=9.5), tokenizer, default_system_prompt="You are a test model.")
+    chat.add_adapter("agent", LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=10)
+    env = Brevity(num_tasks=4, max_exchanges=1)
+    engine = RolloutEngine(env, Seat(model=chat, sampling=sampling, adapter="agent", trainable=True),
+                           FrozenSimulator(chat, sampling), RolloutConfig(progress=False, group_size=8, seed=1, on_turn_limit="continue"))
+    learner = Learner(chat, AGENT, "agent", 1.0, LearnerConfig(lr=1e-2, kl_coef=0.0))
+    rewards = []
+    for _ in range(15):
+        episodes = engine.run(env.tasks())
+        rewards.append(sum(e.rewards[AGENT] for e in episodes) / len(episodes))
+        learner.step(episodes)
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards

@@ -144,6 +144,26 @@ def train(
                   f"{last.get('reward_agent', {}).get('mean', float('nan')):.3f}", soft_wrap=True)
 
 
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="report directory"),
+    steps: int = typer.Option(3, min=1, help="training steps per arm"),
+) -> None:
+    """Smoke-run every stage on the embedded model: three arms trained a few steps, held-out evaluation, a report.
+
+    Example: scope demo --out runs/demo
+    """
+    from scope_marl.demo import run_demo
+
+    started = time.perf_counter()
+    try:
+        report = run_demo(out, steps=steps, log=lambda m: console.print(m, soft_wrap=True))
+    except (BackendError, FileExistsError) as err:
+        fail(str(err))
+    console.print(report.read_text(), soft_wrap=True)
+    console.print(f"report: {report} (plot: {report.parent / 'rewards.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
+
+
 data_app = typer.Typer(help="Benchmark data: download and check corpora.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(data_app, name="data")
 

@@ -58,7 +58,8 @@ class Trainer:
             fields = cfg.learner if role == AGENT or cfg.simulator_learner is None else cfg.simulator_learner
             temperature = cfg.agent_sampling.temperature if role == AGENT else cfg.simulator.sampling.temperature
             self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, LearnerConfig(**fields))
-        eval_agent = Seat(model=self.chat, sampling=cfg.agent_sampling, adapter=ADAPTERS[AGENT])
+        # trainable=True only so evaluation episodes carry the agent's token entropies; nothing trains on them.
+        eval_agent = Seat(model=self.chat, sampling=cfg.agent_sampling, adapter=ADAPTERS[AGENT], trainable=True)
         eval_rollout = RolloutConfig(group_size=cfg.eval.group_size, max_concurrent=cfg.rollout.max_concurrent,
                                      seed=cfg.seed + 7919, on_turn_limit=cfg.rollout.on_turn_limit, progress=False)
         self.eval_simulator = build_simulator(cfg.eval.simulator, models)
@@ -138,15 +139,18 @@ class Trainer:
                 bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
         return records
 
-    def evaluate(self) -> dict:
-        """The agent against the held-out simulator on a fixed subset of the test split."""
+    def evaluate(self, simulator=None) -> dict:
+        """The agent against a held-out simulator (default: the config's) on a fixed subset of the test split."""
+        simulator = simulator or self.eval_simulator
         tasks = list(self.eval_env.tasks("test"))
         random.Random(self.cfg.seed).shuffle(tasks)
-        engine = RolloutEngine(self.eval_env, self._eval_agent, self.eval_simulator, self._eval_rollout)
+        engine = RolloutEngine(self.eval_env, self._eval_agent, simulator, self._eval_rollout)
         episodes = engine.run(tasks[: self.cfg.eval.tasks])
         rewards = [e.rewards[AGENT] for e in episodes if AGENT in e.rewards]
-        return {"simulator": self.eval_simulator.simulator_id, "episodes": len(episodes),
-                "reward_agent": sum(rewards) / len(rewards) if rewards else None}
+        entropies = [x for e in episodes for s in e.streams.values() for x, m in zip(s.entropies, s.loss_mask) if m]
+        return {"simulator": simulator.simulator_id, "episodes": len(episodes),
+                "reward_agent": sum(rewards) / len(rewards) if rewards else None,
+                "policy_entropy": sum(entropies) / len(entropies) if entropies else None}
 
     # ---- population --------------------------------------------------------------------------
     def _ensure_pool(self) -> None:
