@@ -67,10 +67,12 @@ class Learner:
         return batches + ([current] if current else [])
 
     def score(self, streams: Sequence[RoleStream], use_adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies of every response token, [B, T] right-padded, plus the loss mask.
+        """Log-probs and entropies of every response token, [B, T] (T = longest response), plus the loss mask.
 
-        Gradients flow when called under grad mode with ``use_adapter``; with ``use_adapter=False`` it
-        scores the frozen reference (adapters disabled).
+        Sequences are LEFT-padded so every response ends at the last column; the LM head and the
+        full-vocabulary softmax then run only over the last T + 1 columns (``logits_to_keep``), not
+        over the prompts, which are most of the tokens. Gradients flow when called under grad mode
+        with ``use_adapter``; ``use_adapter=False`` scores the frozen reference (adapters disabled).
         """
         width = max(len(s.response_ids) for s in streams)
         total = max(len(s.prompt_ids) + len(s.response_ids) for s in streams)
@@ -78,22 +80,25 @@ class Learner:
         attention = torch.zeros(len(streams), total, dtype=torch.long)
         for i, s in enumerate(streams):
             seq = s.prompt_ids + s.response_ids
-            ids[i, : len(seq)] = torch.tensor(seq)
-            attention[i, : len(seq)] = 1
+            ids[i, total - len(seq) :] = torch.tensor(seq)
+            attention[i, total - len(seq) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as at rollout: padding shifts no position
+        keep = width + 1
         model = self.chat.model
+        kwargs = dict(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=keep)
         if use_adapter:
             model.set_adapter(self.adapter)
-            logits = model(input_ids=ids, attention_mask=attention).logits
+            logits = model(**kwargs).logits
         else:
             with model.disable_adapter():
-                logits = model(input_ids=ids, attention_mask=attention).logits
+                logits = model(**kwargs).logits
         logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         logp = logp_all.new_zeros(len(streams), width)
         entropy = logp_all.new_zeros(len(streams), width)
         mask = torch.zeros(len(streams), width)
         for i, s in enumerate(streams):
-            n, m = len(s.prompt_ids), len(s.response_ids)
-            rows = logp_all[i, n - 1 : n - 1 + m]  # position t predicts token t + 1
+            m = len(s.response_ids)
+            rows = logp_all[i, keep - m - 1 : keep - 1]  # column c predicts the token at column c + 1
             logp[i, :m] = rows.gather(-1, torch.tensor(s.response_ids)[:, None]).squeeze(-1)
             token_entropy = -(rows.exp() * rows).sum(-1)
             # Only an entropy bonus needs its gradient; otherwise keep the graph small.

@@ -1,0 +1,158 @@
+"""Single-turn GRPO steps on SmolLM2-135M (fp32, CPU): ours vs TRL's GRPOTrainer configured the same way.
+
+Both: 8 prompts x 4 completions, at most 48 new tokens, temperature 1.0, LoRA r 16 / alpha 32 on all
+linear projections, lr 1e-5, beta (k3 KL to the adapter-free base) 0.01, loss "grpo"
+(sequence-mean of token-means), clip 0.2 / 0.28, no reward std scaling, fp32, no gradient
+checkpointing, one optimizer step per generation batch. Reward: 1 if the completion names a
+dollar amount, else 0 (a persuader asking for a specific amount).
+
+Tokens/s = generated tokens / seconds of the whole step (generation + update).
+update_bound_fraction = (6 x parameters x tokens processed in the update: policy forward and
+backward through the frozen base, plus the reference forward) / (GEMM rate x update seconds).
+
+Requires the bench extra: pip install -e '.[bench]'   (trl, datasets)
+Run: python bench/train_step.py [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import tempfile
+import time
+
+import torch
+
+from scope_marl.backends.base import SamplingParams
+from scope_marl.backends.embedded import converted_model_dir, load_embedded
+from scope_marl.envs import AGENT
+from scope_marl.envs.p4g.env import PersuasionForGood
+from scope_marl.training.learner import Learner, LearnerConfig
+from scope_marl.types import Episode, Message, RoleStream
+
+PROMPTS, GENERATIONS, NEW_TOKENS = 8, 4, 48
+LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+LR, BETA, EPS_LOW, EPS_HIGH = 1e-5, 0.01, 0.2, 0.28
+AMOUNT = re.compile(r"\$\s?\d|\d+\s*(?:dollars?|cents?)", re.IGNORECASE)
+
+
+def reward(text: str) -> float:
+    return 1.0 if AMOUNT.search(text) else 0.0
+
+
+def prompts() -> list[list[Message]]:
+    env = PersuasionForGood(source="auto", word_limit=40)
+    return [[Message(role="system", content=env.system_prompt(t, AGENT))] for t in env.tasks("train")[:PROMPTS]]
+
+
+def gemm_gflops(size: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def ours(steps: int, chats: list[list[Message]]) -> dict:
+    from peft import LoraConfig
+
+    chat = load_embedded()
+    chat.add_adapter("agent", LoraConfig(**LORA))
+    learner = Learner(chat, AGENT, "agent", 1.0, LearnerConfig(lr=LR, kl_coef=BETA, eps_low=EPS_LOW, eps_high=EPS_HIGH, token_budget=8192))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
+    prompt_ids = [chat.encode_chat(c) for c in chats for _ in range(GENERATIONS)]
+    gen_s = upd_s = tokens = processed = 0
+    for step in range(steps):
+        t0 = time.perf_counter()
+        outs = chat.generate_ids(prompt_ids, sampling.model_copy(update={"seed": step}), adapters=["agent"] * len(prompt_ids))
+        t1 = time.perf_counter()
+        episodes = []
+        for i, out in enumerate(outs):
+            n = len(out.token_ids)
+            r = reward(out.text)
+            stream = RoleStream(role=AGENT, prompt_ids=out.prompt_ids, response_ids=out.token_ids, loss_mask=[1] * n,
+                                logprobs=out.logprobs, entropies=out.entropies, adapter="agent", reward=r)
+            episodes.append(Episode(episode_id=f"{step}-{i}", task_id=str(i // GENERATIONS), group_id=f"{step}-{i // GENERATIONS}",
+                                    simulator_id="none", streams={AGENT: stream}, rewards={AGENT: r}))
+            tokens += n
+            processed += len(out.prompt_ids) + n
+        learner.step(episodes)
+        t2 = time.perf_counter()
+        gen_s += t1 - t0
+        upd_s += t2 - t1
+    return {"generate_s": gen_s / steps, "update_s": upd_s / steps, "step_s": (gen_s + upd_s) / steps,
+            "tok_s": tokens / (gen_s + upd_s), "tokens": tokens / steps, "processed": processed / steps,
+            "params": sum(p.numel() for p in chat.model.base_model.model.parameters())}
+
+
+def trl(steps: int, chats: list[list[Message]]) -> dict:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    path = converted_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    rows = [[{"role": m.role, "content": m.content} for m in c] for c in chats] * steps
+    data = Dataset.from_dict({"prompt": rows})
+    generated = []
+
+    def reward_fn(completions, **kwargs):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        generated.extend(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts)
+        return [reward(t) for t in texts]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.marks = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            self.marks.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
+            max_completion_length=NEW_TOKENS, temperature=1.0, learning_rate=LR, beta=BETA, loss_type="grpo",
+            epsilon=EPS_LOW, epsilon_high=EPS_HIGH, scale_rewards="none", bf16=False, fp16=False, use_cpu=True,
+            gradient_checkpointing=False, max_steps=steps, logging_steps=1, report_to="none", save_strategy="no",
+            num_iterations=1, seed=0,
+        )
+        timer = StepTimer()
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=config, train_dataset=data,
+                              processing_class=tokenizer, peft_config=LoraConfig(**LORA), callbacks=[timer])
+        started = time.perf_counter()
+        trainer.train()
+        total = time.perf_counter() - started
+    step_times = [b - a for a, b in zip(timer.marks[::2], timer.marks[1::2])]
+    return {"step_s": total / steps, "callback_step_s": sum(step_times) / max(len(step_times), 1),
+            "tok_s": sum(generated) / total, "tokens": sum(generated) / steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    chats = prompts()
+    gflops = gemm_gflops()
+    a = ours(args.steps, chats)
+    b = trl(args.steps, chats)
+    bound = 6 * a["params"] * a["processed"] / (gflops * 1e9)
+    print(f"SmolLM2-135M fp32, {torch.get_num_threads()} threads, GEMM {gflops:.1f} GFLOP/s; {PROMPTS} prompts x {GENERATIONS}, <= {NEW_TOKENS} new tokens, LoRA r16")
+    print()
+    print(f"{'library':<8}{'step s':>9}{'generate s':>12}{'update s':>10}{'gen tok/step':>14}{'tok/s':>9}")
+    print(f"{'ours':<8}{a['step_s']:>9.1f}{a['generate_s']:>12.1f}{a['update_s']:>10.1f}{a['tokens']:>14.0f}{a['tok_s']:>9.1f}")
+    print(f"{'trl':<8}{b['step_s']:>9.1f}{'-':>12}{'-':>10}{b['tokens']:>14.0f}{b['tok_s']:>9.1f}   (trl does not split phases; callback step {b['callback_step_s']:.1f}s)")
+    print()
+    print(f"RESULT ours_tok_s={a['tok_s']:.2f} trl_tok_s={b['tok_s']:.2f} ratio={a['tok_s'] / b['tok_s']:.2f} "
+          f"update_bound_fraction={bound / a['update_s']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
