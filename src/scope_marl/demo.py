@@ -62,7 +62,7 @@ def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print
         trainer = start(arm_config(arm, steps), out / arm)
         records = trainer.run()
         models = ModelPool()
-        models._models["embedded"] = trainer.chat  # the panel plays on the same loaded model
+        models.register("embedded", trainer.chat)  # the panel plays on the same loaded model
         heldout = {}
         for sim_cfg in PANEL:
             log(f"[{arm}] evaluating against {sim_cfg.id}")

@@ -29,6 +29,10 @@ class ModelPool:
     def __init__(self) -> None:
         self._models: dict[str, ChatModel] = {}
 
+    def register(self, spec: str, model: ChatModel) -> None:
+        """Serve an already loaded model for ``spec`` (e.g. the trainer's model with its adapters)."""
+        self._models[spec] = model
+
     def get(self, spec: str) -> ChatModel:
         if spec not in self._models:
             self._models[spec] = load_backend(spec)

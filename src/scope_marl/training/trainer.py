@@ -63,7 +63,6 @@ class Trainer:
         eval_rollout = RolloutConfig(group_size=cfg.eval.group_size, max_concurrent=cfg.rollout.max_concurrent,
                                      seed=cfg.seed + 7919, on_turn_limit=cfg.rollout.on_turn_limit, progress=False)
         self.eval_simulator = build_simulator(cfg.eval.simulator, models)
-        self.eval_env = self.env
         self._eval_agent, self._eval_rollout = eval_agent, eval_rollout
         self.recorder = RolloutRecorder(self.run_dir / "rollouts")
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -142,9 +141,9 @@ class Trainer:
     def evaluate(self, simulator=None) -> dict:
         """The agent against a held-out simulator (default: the config's) on a fixed subset of the test split."""
         simulator = simulator or self.eval_simulator
-        tasks = list(self.eval_env.tasks("test"))
+        tasks = list(self.env.tasks("test"))
         random.Random(self.cfg.seed).shuffle(tasks)
-        engine = RolloutEngine(self.eval_env, self._eval_agent, simulator, self._eval_rollout)
+        engine = RolloutEngine(self.env, self._eval_agent, simulator, self._eval_rollout)
         episodes = engine.run(tasks[: self.cfg.eval.tasks])
         rewards = [e.rewards[AGENT] for e in episodes if AGENT in e.rewards]
         entropies = [x for e in episodes for s in e.streams.values() for x, m in zip(s.entropies, s.loss_mask) if m]
