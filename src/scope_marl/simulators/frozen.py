@@ -19,6 +19,7 @@ from scope_marl.types import Message
 class LLMSimulator(Simulator[str]):
     kind = "llm"
     trainable = False
+    default_adapter: str | None = None  # used when no adapter is given
 
     def __init__(
         self,
@@ -28,6 +29,7 @@ class LLMSimulator(Simulator[str]):
         adapter: str | None = None,
         simulator_id: str | None = None,
     ):
+        adapter = adapter if adapter is not None else self.default_adapter
         self.seat = Seat(model=model, sampling=sampling or SamplingParams(), adapter=adapter, prompt_prefix=prompt_prefix, trainable=self.trainable)
         self.simulator_id = simulator_id or f"{self.kind}:{model.name}" + (f"+{adapter}" if adapter else "")
 

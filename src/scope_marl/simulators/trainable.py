@@ -8,7 +8,6 @@ context, loss mask, rollout log-probs, reward).
 
 from __future__ import annotations
 
-from scope_marl.backends.base import ChatModel, SamplingParams
 from scope_marl.simulators.frozen import LLMSimulator
 
 DEFAULT_ADAPTER = "simulator"
@@ -17,13 +16,4 @@ DEFAULT_ADAPTER = "simulator"
 class TrainableSimulator(LLMSimulator):
     kind = "trainable"
     trainable = True
-
-    def __init__(
-        self,
-        model: ChatModel,
-        sampling: SamplingParams | None = None,
-        prompt_prefix: str = "",
-        adapter: str | None = DEFAULT_ADAPTER,
-        simulator_id: str | None = None,
-    ):
-        super().__init__(model, sampling, prompt_prefix, adapter, simulator_id)
+    default_adapter = DEFAULT_ADAPTER
