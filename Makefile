@@ -22,5 +22,13 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Benchmarks print a table and a last RESULT line each; train_step compares against TRL (bench extra).
+bench: setup
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python bench/rollout_throughput.py
+	$(BIN)/python bench/p4g_donation_parser.py
+	$(BIN)/python bench/vs_diversity.py
+	$(BIN)/python bench/train_step.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -133,3 +133,17 @@ def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
 def test_resume_needs_a_run_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.yaml"):
         Trainer.resume(tmp_path)
+
+
+def test_a_second_demo_never_overwrites_the_first(tmp_path):
+    from scope_marl.demo import fresh_dir
+
+    out = tmp_path / "demo"
+    assert fresh_dir(out) == out
+    out.mkdir()
+    assert fresh_dir(out) == out, "an empty folder is free"
+    (out / "report.md").write_text("first")
+    assert fresh_dir(out) == tmp_path / "demo-2"
+    (tmp_path / "demo-2").mkdir()
+    (tmp_path / "demo-2" / "report.md").write_text("second")
+    assert fresh_dir(out) == tmp_path / "demo-3"

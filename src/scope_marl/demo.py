@@ -50,11 +50,22 @@ def arm_config(arm: str, steps: int) -> TrainConfig:
     })
 
 
+def fresh_dir(out: Path) -> Path:
+    """``out`` if it is free, else ``out-2``, ``out-3``...: a second demo never overwrites the first."""
+    candidate, n = out, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        n += 1
+        candidate = out.with_name(f"{out.name}-{n}")
+    return candidate
+
+
 def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print) -> Path:
     from scope_marl.rollout.factory import ModelPool, build_simulator
     from scope_marl.training.trainer import start
 
+    out = fresh_dir(out)
     out.mkdir(parents=True, exist_ok=True)
+    log(f"writing the demo to {out}")
     results = {}
     for arm in arms or list(ARMS):
         started = time.perf_counter()
