@@ -17,7 +17,6 @@ Run: python bench/train_step.py [--steps 3]
 from __future__ import annotations
 
 import argparse
-import copy
 import re
 import tempfile
 import time

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 
 import pandas as pd
-import pytest
 import torch
 
 from scope_marl.backends.base import SamplingParams
