@@ -70,6 +70,9 @@ class Trainer:
         self.step = 0
         self.cursor = 0
         self.best: tuple[float, str] | None = None
+        # The agent's recent mean rewards against each pool member, for prioritized selection.
+        self.member_rewards: dict[str, list[float]] = {}
+        self.member: str | None = None
 
     def _add_adapters(self) -> None:
         from peft import LoraConfig
@@ -112,6 +115,11 @@ class Trainer:
             if rewards:
                 mean = sum(rewards) / len(rewards)
                 record[f"reward_{role}"] = {"mean": mean, "std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5}
+        if self.member is not None and "reward_agent" in record:
+            recent = self.member_rewards.setdefault(self.member, [])
+            recent.append(record["reward_agent"]["mean"])
+            del recent[:-8]  # a short window: the agent keeps changing
+            record["pool_member"] = self.member
         update_started = time.perf_counter()
         for role, learner in self.learners.items():
             record[f"train_{role}"] = learner.step(episodes)
@@ -177,7 +185,9 @@ class Trainer:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        member = self.pool.select(rng=random.Random(self.cfg.seed * 1_000_003 + self.step))
+        scores = {m: sum(r) / len(r) for m, r in self.member_rewards.items() if r}
+        member = self.pool.select(rng=random.Random(self.cfg.seed * 1_000_003 + self.step), scores=scores)
+        self.member = member.member_id
         weights = load_file(str(Path(member.path) / "adapter_model.safetensors"))
         set_peft_model_state_dict(self.chat.model, weights, adapter_name=ADAPTERS[USER])
         self.chat.prefix_cache.clear()
@@ -186,7 +196,8 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path:
         adapters = sorted({ADAPTERS[r] for r in self.learners} | {ADAPTERS[AGENT]})
-        state = {"cursor": self.cursor, "best": self.best, "pool": str(self.run_dir / "pool") if self.pool else None}
+        state = {"cursor": self.cursor, "best": self.best, "pool": str(self.run_dir / "pool") if self.pool else None,
+                 "member_rewards": self.member_rewards}
         engine_state = {"groups": self.engine._groups_started, "calls": self.engine._calls}
         path = checkpoint.save(self.run_dir, self.step, self.chat, adapters,
                                {role: l.optimizer for role, l in self.learners.items()}, state, engine_state)
@@ -218,6 +229,7 @@ class Trainer:
         trainer.engine._groups_started = rng["engine"]["groups"]
         trainer.engine._calls = rng["engine"]["calls"]
         trainer.step, trainer.cursor, trainer.best = state["step"], state["cursor"], state["best"]
+        trainer.member_rewards = state.get("member_rewards", {})
         trainer._truncate_metrics()
         return trainer
 
