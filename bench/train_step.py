@@ -7,8 +7,9 @@ checkpointing, one optimizer step per generation batch. Reward: 1 if the complet
 dollar amount, else 0 (a persuader asking for a specific amount).
 
 Tokens/s = generated tokens / seconds of the whole step (generation + update).
-update_bound_fraction = (6 x parameters x tokens processed in the update: policy forward and
-backward through the frozen base, plus the reference forward) / (GEMM rate x update seconds).
+update_bound_fraction = (6 x parameters x tokens the update runs: each distinct prompt once plus every
+response; policy forward and backward through the frozen base, plus the reference forward)
+/ (GEMM rate x update seconds).
 
 Requires the bench extra: pip install -e '.[bench]'   (trl, datasets)
 Run: python bench/train_step.py [--steps 3]
@@ -76,7 +77,8 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
             episodes.append(Episode(episode_id=f"{step}-{i}", task_id=str(i // GENERATIONS), group_id=f"{step}-{i // GENERATIONS}",
                                     simulator_id="none", streams={AGENT: stream}, rewards={AGENT: r}))
             tokens += n
-            processed += len(out.prompt_ids) + n
+            processed += n
+        processed += sum(len(p) for p in {tuple(o.prompt_ids) for o in outs})  # each group's prompt runs once
         learner.step(episodes)
         t2 = time.perf_counter()
         gen_s += t1 - t0
