@@ -63,15 +63,20 @@ def comparable(record: dict) -> dict:
 
 
 def test_agent_only_training_leaves_the_simulator_alone_and_writes_metrics(tiny_model_dir, tmp_path):
-    trainer = start(TrainConfig.model_validate(config(tiny_model_dir)), tmp_path / "run")
+    cfg = config(tiny_model_dir, checkpoint_every=1, eval={**config(tiny_model_dir)["eval"], "every": 1})
+    trainer = start(TrainConfig.model_validate(cfg), tmp_path / "run")
     records = trainer.run(progress=False)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     first = records[0]["train_agent"]
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and first["clip_fraction"] == 0.0
     assert "train_user" not in records[0] and records[1]["eval"]["simulator"] == "heldout"
+    assert (tmp_path / "run" / "checkpoints" / "step-000004").exists()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4 and json.loads(lines[-1])["step"] == 4
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    best_step = int(trainer.best[1].rsplit("-", 1)[1])
+    assert trainer.best[0] == max(r["eval"]["reward_agent"] for r in records if "eval" in r)
+    assert kept == sorted({"step-000003", "step-000004", f"step-{best_step:06d}"}), "the last 2 and the best"
     assert trainer.cursor == 8, "4 steps x 2 tasks read from the training cursor; evaluation read none"
 
 

@@ -130,7 +130,12 @@ class Trainer:
             record["eval"] = self.evaluate()
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
+        held_out = record.get("eval", {}).get("reward_agent")
+        if held_out is not None and (self.best is None or held_out > self.best[0]):
+            # The best held-out agent so far gets a checkpoint of its own, kept beside the last N.
+            self.best = (held_out, str(checkpoint.checkpoint_dir(self.run_dir, self.step)))
+            self.save()
+        elif self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
             self.save()
         return record
 
