@@ -23,7 +23,7 @@ import torch
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config import TrainConfig, dump_config, load_config
 from scope_marl.envs import AGENT, USER
-from scope_marl.rollout import RolloutConfig, RolloutEngine, RolloutRecorder
+from scope_marl.rollout import RolloutConfig, RolloutEngine, RolloutRecorder, summarize
 from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
 from scope_marl.seat import Seat
 from scope_marl.training import checkpoint
@@ -107,14 +107,11 @@ class Trainer:
         rollout_s = time.perf_counter() - started
         self.recorder.write_batch(episodes)
         self.step += 1
-        record: dict = {"step": self.step, "rollout_s": rollout_s, "episodes": len(episodes),
-                        "status": {s: sum(e.status.value == s for e in episodes) for s in ("COMPLETED", "TRUNCATED", "FAILED")},
+        summary = summarize(episodes, rollout_s, 0)
+        record: dict = {"step": self.step, "rollout_s": rollout_s, "episodes": len(episodes), "status": summary["status"],
                         "generated_tokens": sum(s.num_sampled_tokens for e in episodes for s in e.streams.values())}
-        for role in (AGENT, USER):
-            rewards = [e.rewards[role] for e in episodes if role in e.rewards]
-            if rewards:
-                mean = sum(rewards) / len(rewards)
-                record[f"reward_{role}"] = {"mean": mean, "std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5}
+        for role, stats in summary["rewards"].items():
+            record[f"reward_{role}"] = {"mean": stats["mean"], "std": stats["std"]}
         if self.member is not None and "reward_agent" in record:
             recent = self.member_rewards.setdefault(self.member, [])
             recent.append(record["reward_agent"]["mean"])
@@ -187,16 +184,19 @@ class Trainer:
 
     def _load_pool_member(self) -> None:
         """Load a drawn member's weights into the live simulator adapter before the rollout."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         scores = {m: sum(r) / len(r) for m, r in self.member_rewards.items() if r}
         member = self.pool.select(rng=random.Random(self.cfg.seed * 1_000_003 + self.step), scores=scores)
         self.member = member.member_id
-        weights = load_file(str(Path(member.path) / "adapter_model.safetensors"))
-        set_peft_model_state_dict(self.chat.model, weights, adapter_name=ADAPTERS[USER])
+        self._load_adapter(ADAPTERS[USER], Path(member.path))
         self.chat.prefix_cache.clear()
         self.engine.simulator.simulator_id = f"trainable:{member.member_id}"
+
+    def _load_adapter(self, name: str, folder: Path) -> None:
+        """Overwrite adapter ``name``'s weights with those saved in ``folder`` (peft layout)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(self.chat.model, load_file(str(folder / "adapter_model.safetensors")), adapter_name=name)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path:
@@ -212,9 +212,6 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir: str | Path) -> Trainer:
         """Continue a run from its own saved config and latest checkpoint."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         run_dir = Path(run_dir)
         config_path = run_dir / "config.yaml"
         if not config_path.exists():
@@ -226,8 +223,7 @@ class Trainer:
         latest = checkpoints[-1]
         state, optimizers, rng = checkpoint.load_state(latest)
         for name in {ADAPTERS[r] for r in trainer.learners} | {ADAPTERS[AGENT]}:
-            weights = load_file(str(checkpoint.adapter_path(latest / "adapters", name) / "adapter_model.safetensors"))
-            set_peft_model_state_dict(trainer.chat.model, weights, adapter_name=name)
+            trainer._load_adapter(name, checkpoint.adapter_path(latest / "adapters", name))
         for role, learner in trainer.learners.items():
             learner.optimizer.load_state_dict(optimizers[role])
         checkpoint.restore_rng(rng)
