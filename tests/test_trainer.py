@@ -156,3 +156,43 @@ def test_a_second_demo_never_overwrites_the_first(tmp_path):
     (tmp_path / "demo-2").mkdir()
     (tmp_path / "demo-2" / "report.md").write_text("second")
     assert fresh_dir(out) == tmp_path / "demo-3"
+
+
+def test_full_fine_tuning_trains_a_copy_and_keeps_the_base_as_reference(tiny_model_dir, tmp_path):
+    cfg = config(tiny_model_dir, finetune="full", steps=2, checkpoint_every=1, learner={"lr": 1e-3, "kl_coef": 0.01},
+                 eval={**config(tiny_model_dir)["eval"], "every": 0})
+    trainer = start(TrainConfig.model_validate(cfg), tmp_path / "full")
+    assert trainer.agent_chat is not trainer.chat and not trainer.agent_chat.adapters
+    base_before = {k: v.clone() for k, v in trainer.chat.model.state_dict().items()}
+    agent_before = {k: v.clone() for k, v in trainer.agent_chat.model.state_dict().items()}
+    first = trainer.train_step()["train_agent"]
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and first["clip_fraction"] == 0.0
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6), "before the first update the copy equals its reference"
+    trainer.run(progress=False)
+    assert all(torch.equal(v, base_before[k]) for k, v in trainer.chat.model.state_dict().items()), "the reference never moves"
+    moved = [k for k, v in trainer.agent_chat.model.state_dict().items() if not torch.equal(v, agent_before[k])]
+    assert len(moved) > 10, "full fine-tuning updates weights throughout the model, not a few adapter matrices"
+
+    latest = tmp_path / "full" / "checkpoints" / "step-000002"
+    assert (latest / "weights" / "agent.safetensors").exists() and not (latest / "adapters").exists()
+    resumed = Trainer.resume(tmp_path / "full")
+    assert all(torch.equal(v, trainer.agent_chat.model.state_dict()[k]) for k, v in resumed.agent_chat.model.state_dict().items())
+
+
+def test_full_fine_tuning_is_agent_only(tiny_model_dir):
+    sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}"}
+    with pytest.raises(ValueError, match="finetune: full trains the agent only"):
+        TrainConfig.model_validate(config(tiny_model_dir, finetune="full", simulator=sim, trainable_roles=["agent", "user"]))
+
+
+def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = start(TrainConfig.model_validate(config(tiny_model_dir, steps=2, tensorboard=True)), tmp_path / "tb")
+    records = trainer.run(progress=False)
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"reward_agent/mean", "train_agent/kl", "train_agent/entropy", "rollout_s"} <= tags
+    kl = [(e.step, e.value) for e in events.Scalars("train_agent/kl")]
+    assert kl == [(r["step"], pytest.approx(r["train_agent"]["kl"], rel=1e-6, abs=1e-9)) for r in records]

@@ -285,6 +285,7 @@ class TrainConfig(Section):
     agent_sampling: SamplingParams = Field(default_factory=default_sampling)
     simulator: SimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
     trainable_roles: list[Literal["agent", "user"]] = Field(default_factory=lambda: ["agent"], min_length=1)
+    finetune: Literal["lora", "full"] = Field("lora", description="the agent as a LoRA adapter, or every weight of its own copy")
     lora: LoraSettings = Field(default_factory=LoraSettings)
     learner: dict = Field(default_factory=dict, description="LearnerConfig fields for the agent")
     simulator_learner: dict | None = Field(None, description="LearnerConfig fields for the simulator (default: as the agent)")
@@ -298,6 +299,7 @@ class TrainConfig(Section):
     seed: int = 0
     threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
+    tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")
 
     @model_validator(mode="after")
     def _roles_match_simulator(self) -> TrainConfig:
@@ -305,6 +307,8 @@ class TrainConfig(Section):
             raise ValueError(f"trainable_roles includes 'user' but simulator.mode is {self.simulator.mode!r}; use mode: trainable (co-training)")
         if self.simulator.mode == "trainable" and "user" not in self.trainable_roles:
             raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
+        if self.finetune == "full" and self.trainable_roles != ["agent"]:
+            raise ValueError("finetune: full trains the agent only (trainable_roles: [agent]); co-training keeps both roles as LoRA adapters")
         if self.pool is not None and self.simulator.mode != "trainable":
             raise ValueError("pool (population co-training) needs simulator.mode: trainable")
         return self

@@ -4,6 +4,7 @@ Layout (``docs/formats.md``)::
 
     RUN_DIR/checkpoints/step-000004/
         adapters/<name>/            peft adapter files, one folder per trained adapter
+        weights/<name>.safetensors  full fine-tuning: every weight of that policy's model
         optimizers.pt               optimizer state per learner role
         state.json                  step, data cursor, best metric, pool root
         rng.pt                      python, torch RNG states and the engine's counters
@@ -33,13 +34,20 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir() and (p / "state.json").exists()) if root.exists() else []
 
 
-def save(run_dir: Path, step: int, chat, adapters: list[str], optimizers: dict, state: dict, engine_state: dict) -> Path:
+def save(run_dir: Path, step: int, chat, adapters: list[str], optimizers: dict, state: dict, engine_state: dict,
+         weights: dict | None = None) -> Path:
+    """``weights`` maps a policy name to a fully fine-tuned model whose every weight is saved."""
+    from safetensors.torch import save_model
+
     target = checkpoint_dir(run_dir, step)
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in adapters:
         chat.model.save_pretrained(tmp / "adapters", selected_adapters=[name])
+    for name, model_chat in (weights or {}).items():
+        (tmp / "weights").mkdir(exist_ok=True)
+        save_model(model_chat.model, str(tmp / "weights" / f"{name}.safetensors"))  # handles tied embeddings
     torch.save({role: opt.state_dict() for role, opt in optimizers.items()}, tmp / "optimizers.pt")
     torch.save({"python": random.getstate(), "torch": torch.get_rng_state(), "engine": engine_state}, tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
@@ -53,6 +61,18 @@ def adapter_path(folder: Path, name: str) -> Path:
     non-default adapter into a sub-folder named after it."""
     nested = folder / name
     return nested if nested.exists() else folder
+
+
+def weights_path(checkpoint: Path, name: str) -> Path:
+    return checkpoint / "weights" / f"{name}.safetensors"
+
+
+def load_weights(chat, checkpoint: Path, name: str) -> None:
+    """Restore a fully fine-tuned policy saved by :func:`save`."""
+    from safetensors.torch import load_model
+
+    load_model(chat.model, str(weights_path(checkpoint, name)))
+    chat.prefix_cache.clear()
 
 
 def load_state(checkpoint: Path) -> tuple[dict, dict, dict]:

@@ -2,7 +2,9 @@
 
 One learner per trainable role: in co-training the agent's and the simulator's learners each see
 only their own role's RoleStreams and rewards, and each owns an optimizer over its own adapter's
-parameters, so training one role can never move the other's weights. Log-probs are recomputed
+parameters, so training one role can never move the other's weights. With ``adapter=None`` the
+learner fine-tunes every weight of its model instead; the KL reference is then a separate, frozen
+``reference`` model (there are no adapters to disable). Log-probs are recomputed
 exactly as the rollout recorded them (DESIGN.md: temperature-scaled full distribution), so the
 first update of a batch is on-policy: importance ratios of 1 and no clipping.
 """
@@ -39,13 +41,21 @@ class LearnerConfig(BaseModel):
 
 
 class Learner:
-    def __init__(self, chat: HFChatModel, role: str, adapter: str, temperature: float, config: LearnerConfig | None = None):
-        if adapter not in chat.adapters:
-            raise ValueError(f"adapter {adapter!r} is not on the model (it has {chat.adapters}); add it with chat.add_adapter first")
-        self.chat, self.role, self.adapter = chat, role, adapter
+    def __init__(self, chat: HFChatModel, role: str, adapter: str | None, temperature: float, config: LearnerConfig | None = None,
+                 reference: HFChatModel | None = None):
+        self.chat, self.role, self.adapter, self.reference = chat, role, adapter, reference
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
         self.config = config or LearnerConfig()
-        self.params = [p for n, p in chat.model.named_parameters() if "lora_" in n and f".{adapter}." in n]
+        if adapter is None:  # full fine-tuning
+            if chat.adapters:
+                raise ValueError(f"full fine-tuning needs a model without LoRA adapters, this one has {chat.adapters}")
+            if reference is None and self.config.kl_coef > 0:
+                raise ValueError("full fine-tuning with kl_coef > 0 needs a frozen reference model (reference=...)")
+            self.params = list(chat.model.parameters())
+        else:
+            if adapter not in chat.adapters:
+                raise ValueError(f"adapter {adapter!r} is not on the model (it has {chat.adapters}); add it with chat.add_adapter first")
+            self.params = [p for n, p in chat.model.named_parameters() if "lora_" in n and f".{adapter}." in n]
         if not self.params:
             raise ValueError(f"adapter {adapter!r} has no LoRA parameters to train")
         for p in self.params:
@@ -74,16 +84,19 @@ class Learner:
         through the shared states); with 4 rollouts of a 250-token prompt this halves the tokens the
         update pushes through the model. Prompts are left-padded, responses right-padded; positions
         count only real tokens, as at rollout. The LM head runs only where a response token is
-        predicted. ``use_adapter=False`` scores the frozen reference (adapters disabled).
+        predicted. ``use_adapter=False`` scores the frozen reference (adapters disabled, or the
+        separate reference model under full fine-tuning).
         """
+        if self.adapter is None:
+            return self._score(streams, self.chat.model if use_adapter else self.reference.model)
         model = self.chat.model
         if use_adapter:
             model.set_adapter(self.adapter)
-            return self._score(streams)
+            return self._score(streams, model)
         with model.disable_adapter():
-            return self._score(streams)
+            return self._score(streams, model)
 
-    def _score(self, streams: Sequence[RoleStream]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _score(self, streams: Sequence[RoleStream], model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from transformers import DynamicCache
 
         prompts = list(dict.fromkeys(tuple(s.prompt_ids) for s in streams))
@@ -95,8 +108,8 @@ class Learner:
         for i, p in enumerate(prompts):
             ids_p[i, width_p - len(p) :] = torch.tensor(p)
             mask_p[i, width_p - len(p) :] = 1
-        cache = DynamicCache(config=self.chat.model.config)
-        out = self.chat.model(input_ids=ids_p, attention_mask=mask_p, position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids_p, attention_mask=mask_p, position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
                               cache=cache, use_cache=True, logits_to_keep=1)
         first = out.logits[:, -1][which]  # predicts each response's first token
         cache.reorder_cache(which)  # one copy of the prompt's states per response (differentiable)
@@ -109,7 +122,7 @@ class Learner:
         positions = prompt_len[:, None] + torch.arange(width)[None, :]
         logits = first[:, None]  # [B, width, V]: position j predicts response token j
         if width > 1:
-            rest = self.chat.model(input_ids=ids_r[:, :-1], attention_mask=torch.cat([mask_p[which], mask_r[:, :-1]], dim=1),
+            rest = model(input_ids=ids_r[:, :-1], attention_mask=torch.cat([mask_p[which], mask_r[:, :-1]], dim=1),
                                    position_ids=positions[:, :-1], cache=cache, use_cache=True).logits
             logits = torch.cat([logits, rest], dim=1)
         logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)

@@ -1,7 +1,8 @@
 """The training loop: rollout -> per-role learner updates -> pool / evaluation / checkpoint, step by step.
 
 One base model holds every policy as a LoRA adapter: ``agent`` always, ``simulator`` in
-co-training. The frozen KL reference is the base with adapters disabled. Each step reads the next
+co-training. The frozen KL reference is the base with adapters disabled. With ``finetune: full``
+the agent is a separate full copy of the model instead, and the untouched base is its reference. Each step reads the next
 ``tasks_per_step`` training tasks from a cursor (a seeded shuffle per pass over the split), plays
 ``group_size`` rollouts per task, and updates each role in ``trainable_roles`` on its own streams
 and reward. Evaluation plays a fixed, seeded subset of the *test* split against a held-out simulator
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from scope_marl.backends import load_backend
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config import TrainConfig, dump_config, load_config
 from scope_marl.envs import AGENT, USER
@@ -28,6 +30,7 @@ from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
 from scope_marl.seat import Seat
 from scope_marl.training import checkpoint
 from scope_marl.training.learner import Learner, LearnerConfig
+from scope_marl.training.tensorboard import TensorBoardWriter
 
 ADAPTERS = {AGENT: "agent", USER: "simulator"}
 
@@ -48,24 +51,35 @@ class Trainer:
         self.chat = models.get(cfg.model)
         if not isinstance(self.chat, HFChatModel):
             raise ValueError(f"training needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
+        # LoRA: the agent is an adapter on the shared base. Full fine-tuning: the agent is its own
+        # copy of the weights, and the shared base (which frozen simulators also play on) is its KL reference.
+        self.full = cfg.finetune == "full"
+        self.agent_chat = load_backend(cfg.model) if self.full else self.chat
+        self.agent_adapter = None if self.full else ADAPTERS[AGENT]
+        if self.full:
+            self.chat.model.requires_grad_(False)
         self._add_adapters()
         self.env = build_env(cfg.env)
         self.simulator = build_simulator(cfg.simulator, models)
-        agent = Seat(model=self.chat, sampling=cfg.agent_sampling, adapter=ADAPTERS[AGENT], trainable=AGENT in cfg.trainable_roles)
+        agent = Seat(model=self.agent_chat, sampling=cfg.agent_sampling, adapter=self.agent_adapter, trainable=AGENT in cfg.trainable_roles)
         self.engine = RolloutEngine(self.env, agent, self.simulator, cfg.rollout)
         self.learners = {}
         for role in cfg.trainable_roles:
             fields = cfg.learner if role == AGENT or cfg.simulator_learner is None else cfg.simulator_learner
             temperature = cfg.agent_sampling.temperature if role == AGENT else cfg.simulator.sampling.temperature
-            self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, LearnerConfig(**fields))
+            if role == AGENT and self.full:
+                self.learners[role] = Learner(self.agent_chat, role, None, temperature, LearnerConfig(**fields), reference=self.chat)
+            else:
+                self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, LearnerConfig(**fields))
         # trainable=True only so evaluation episodes carry the agent's token entropies; nothing trains on them.
-        eval_agent = Seat(model=self.chat, sampling=cfg.agent_sampling, adapter=ADAPTERS[AGENT], trainable=True)
+        eval_agent = Seat(model=self.agent_chat, sampling=cfg.agent_sampling, adapter=self.agent_adapter, trainable=True)
         eval_rollout = RolloutConfig(group_size=cfg.eval.group_size, max_concurrent=cfg.rollout.max_concurrent,
                                      seed=cfg.seed + 7919, on_turn_limit=cfg.rollout.on_turn_limit, progress=False)
         self.eval_simulator = build_simulator(cfg.eval.simulator, models)
         self._eval_agent, self._eval_rollout = eval_agent, eval_rollout
         self.recorder = RolloutRecorder(self.run_dir / "rollouts")
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.tensorboard = TensorBoardWriter(self.run_dir / "tensorboard") if cfg.tensorboard else None
         self.pool = None
         self.step = 0
         self.cursor = 0
@@ -78,7 +92,7 @@ class Trainer:
         from peft import LoraConfig
 
         lora = self.cfg.lora
-        roles = [AGENT] + ([USER] if self.cfg.simulator.mode == "trainable" else [])
+        roles = ([] if self.full else [AGENT]) + ([USER] if self.cfg.simulator.mode == "trainable" else [])
         for role in roles:
             if ADAPTERS[role] not in self.chat.adapters:
                 config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
@@ -127,6 +141,8 @@ class Trainer:
             record["eval"] = self.evaluate()
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         held_out = record.get("eval", {}).get("reward_agent")
         if held_out is not None and (self.best is None or held_out > self.best[0]):
             # The best held-out agent so far gets a checkpoint of its own, kept beside the last N.
@@ -199,13 +215,18 @@ class Trainer:
         set_peft_model_state_dict(self.chat.model, load_file(str(folder / "adapter_model.safetensors")), adapter_name=name)
 
     # ---- checkpoints -------------------------------------------------------------------------
+    def _saved_adapters(self) -> list[str]:
+        """Adapters a checkpoint holds: every trained one, and the agent's whenever it is an adapter."""
+        return sorted({ADAPTERS[r] for r in self.learners if not (r == AGENT and self.full)} | ({ADAPTERS[AGENT]} if not self.full else set()))
+
     def save(self) -> Path:
-        adapters = sorted({ADAPTERS[r] for r in self.learners} | {ADAPTERS[AGENT]})
+        adapters = self._saved_adapters()
         state = {"cursor": self.cursor, "best": self.best, "pool": str(self.run_dir / "pool") if self.pool else None,
                  "member_rewards": self.member_rewards}
         engine_state = {"groups": self.engine._groups_started, "calls": self.engine._calls}
         path = checkpoint.save(self.run_dir, self.step, self.chat, adapters,
-                               {role: l.optimizer for role, l in self.learners.items()}, state, engine_state)
+                               {role: l.optimizer for role, l in self.learners.items()}, state, engine_state,
+                               weights={ADAPTERS[AGENT]: self.agent_chat} if self.full else None)
         checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]) if self.best else None)
         return path
 
@@ -222,8 +243,10 @@ class Trainer:
             raise FileNotFoundError(f"{run_dir} has no checkpoint yet; start it again with scope train CONFIG --out {run_dir}")
         latest = checkpoints[-1]
         state, optimizers, rng = checkpoint.load_state(latest)
-        for name in {ADAPTERS[r] for r in trainer.learners} | {ADAPTERS[AGENT]}:
+        for name in trainer._saved_adapters():
             trainer._load_adapter(name, checkpoint.adapter_path(latest / "adapters", name))
+        if trainer.full:
+            checkpoint.load_weights(trainer.agent_chat, latest, ADAPTERS[AGENT])
         for role, learner in trainer.learners.items():
             learner.optimizer.load_state_dict(optimizers[role])
         checkpoint.restore_rng(rng)

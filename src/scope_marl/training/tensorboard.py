@@ -1,0 +1,41 @@
+"""Optional TensorBoard mirror of ``metrics.jsonl``: every numeric field of a step's line, as a scalar.
+
+The JSONL file stays the source of truth (resume truncates it, reports read it); TensorBoard is a
+view for people who already watch their runs there. Nested keys become tag paths, e.g.
+``train_agent/kl`` or ``eval/heldout/reward/mean``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def flatten(record: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested dict as ``{"a/b/c": value}`` (booleans, strings and None dropped)."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        tag = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, tag + "/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[tag] = float(value)
+    return out
+
+
+class TensorBoardWriter:
+    def __init__(self, log_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError(
+                "tensorboard: true needs the tensorboard package; install it with pip install 'scope-marl[tensorboard]' "
+                "(or set tensorboard: false)"
+            ) from None
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, record: dict) -> None:
+        step = record["step"]
+        for tag, value in flatten({k: v for k, v in record.items() if k != "step"}).items():
+            self.writer.add_scalar(tag, value, global_step=step)
+        self.writer.flush()
