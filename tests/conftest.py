@@ -74,3 +74,15 @@ def talky_chat(make_tiny_model, tokenizer):
 
 
 EOT_BIAS = 9.5
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, make_tiny_model, tokenizer):
+    """A tiny Llama saved like any transformers model, so configs can name it as hf:PATH."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    model = make_tiny_model()
+    plain = LlamaForCausalLM(model.config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

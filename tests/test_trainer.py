@@ -17,20 +17,6 @@ from scope_marl.config import TrainConfig
 from scope_marl.training.trainer import Trainer, start
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, make_tiny_model, tokenizer):
-    """A tiny Llama saved like any transformers model, so configs can name it as hf:PATH."""
-    from transformers import LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    model = make_tiny_model()
-    plain = LlamaForCausalLM(model.config)
-    plain.load_state_dict(model.state_dict())
-    plain.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def config(model_dir, **overrides) -> dict:
     base = {
         "model": f"hf:{model_dir}",

@@ -217,6 +217,8 @@ def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
     """
     models = [schema]
     for part in loc:
+        if isinstance(part, int):  # an item of a list field: the item's model was found at the list
+            continue
         if not isinstance(part, str):
             return []
         tagged = [m for m in models if part in _tags(m)]

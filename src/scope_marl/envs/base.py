@@ -60,6 +60,11 @@ class Environment(ABC):
         """Facts worth keeping in the episode record (persona, parsed outcome, ...)."""
         return {}
 
+    def reference_texts(self, role: str) -> list[str]:
+        """Human-written turns of ``role`` from training data, if the environment has any (evaluation
+        measures how much of their range an agent covers); default: none."""
+        return []
+
     def describe(self) -> dict[str, Any]:
         """What a run should record about the environment (source data, split, settings)."""
         return {"name": self.name}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from scope_marl.envs.base import AGENT, USER, Environment, Task
-from scope_marl.envs.p4g.corpus import find_corpus_dir, read_participants
+from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues, read_participants
 from scope_marl.envs.p4g.donation import PAYMENT, episode_donation, has_donation_tag, parse_donation
 from scope_marl.envs.p4g.personas import PersonaSampler, persona_text
 from scope_marl.envs.p4g.split import DEFAULT_FRACTIONS, SPLITS, check_disjoint, split_ids
@@ -116,6 +116,14 @@ class PersuasionForGood(Environment):
         if split not in self._splits:
             raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
         return list(self._splits[split])
+
+    def reference_texts(self, role: str) -> list[str]:
+        """The human turns of ``role`` in the corpus dialogues of the training split (none for synthetic tasks)."""
+        if self.corpus_dir is None:
+            return []
+        train = {t.task_id for t in self._splits["train"]}
+        dialogues = read_dialogues(self.corpus_dir)
+        return [m.content for did in sorted(train & set(dialogues)) for m in dialogues[did] if m.role == role and m.content]
 
     def describe(self) -> dict:
         return {

@@ -1,0 +1,234 @@
+"""``scope eval``: one agent (the base model or a trained checkpoint) against every simulator of a panel.
+
+For each simulator: a fixed, seeded subset of the panel's split (test by default), ``samples_per_task``
+rollouts per task, and one table row: mean reward and success rate with 95% bootstrap intervals,
+pass^k, the agent's policy entropy (mean per-token entropy of its full temperature-scaled
+distribution, DESIGN.md), the diversity of its turns, and FAILED / TRUNCATED counts. The held-out
+aggregate pools the episodes of every simulator not marked ``training``. Seeds derive from the
+panel seed and each simulator's id, so evaluating twice gives the same numbers and adding a
+simulator to a panel leaves the others' numbers alone. Evaluation builds its own engines and never
+touches a training run's data cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scope_marl.backends import ChatModel, load_backend
+from scope_marl.envs import AGENT
+from scope_marl.evaluation.diversity import Coverage, diversity
+from scope_marl.evaluation.panel import Panel, PanelSimulator
+from scope_marl.evaluation.stats import mean_with_ci, pass_hat_k_curve
+from scope_marl.rollout import RolloutConfig, RolloutEngine
+from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
+from scope_marl.seat import Seat
+from scope_marl.types import Episode, EpisodeStatus
+
+
+@dataclass
+class AgentUnderTest:
+    """The agent to evaluate: the model it plays on, its adapter (None: the model itself), a label,
+    and the model pool the panel's simulators load from (the agent's base is registered there, so a
+    simulator on the same spec shares the loaded weights with adapters disabled)."""
+
+    chat: ChatModel
+    adapter: str | None
+    label: str
+    models: ModelPool
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory: ``path`` itself, or a run directory's best checkpoint (else its last)."""
+    from scope_marl.training import checkpoint
+
+    if (path / "state.json").exists():
+        return path
+    checkpoints = checkpoint.list_checkpoints(path)
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"{path} is neither a checkpoint directory (with state.json) nor a run directory with checkpoints/; "
+            "pass RUN_DIR, RUN_DIR/checkpoints/step-NNNNNN, or base"
+        )
+    best = json.loads((checkpoints[-1] / "state.json").read_text()).get("best")
+    if best and Path(best[1]).exists():
+        return Path(best[1])
+    return checkpoints[-1]
+
+
+def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderTest:
+    """``base`` (the untrained ``model``, default embedded), a run directory, or a checkpoint directory."""
+    from scope_marl.config import TrainConfig, load_config
+    from scope_marl.training import checkpoint
+
+    models = ModelPool()
+    if checkpoint_or_base == "base":
+        spec = model or "embedded"
+        chat = models.get(spec)
+        return AgentUnderTest(chat, None, "base", models)
+    path = resolve_checkpoint(Path(checkpoint_or_base))
+    spec = model or load_config(path.parent.parent / "config.yaml", TrainConfig).model
+    base = models.get(spec)
+    if checkpoint.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
+        agent = load_backend(spec)
+        checkpoint.load_weights(agent, path, "agent")
+        return AgentUnderTest(agent, None, str(path), models)
+    base.add_adapter("agent", str(checkpoint.adapter_path(path / "adapters", "agent")))
+    return AgentUnderTest(base, "agent", str(path), models)
+
+
+def simulator_seed(panel_seed: int, simulator_id: str) -> int:
+    return panel_seed * 1_000_003 + zlib.crc32(simulator_id.encode()) % 1_000_003
+
+
+def panel_tasks(env, panel: Panel, count: int) -> list:
+    tasks = list(env.tasks(panel.split))
+    random.Random(panel.seed).shuffle(tasks)
+    return tasks[:count]
+
+
+def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env, tasks_per_simulator: int | None = None) -> list[Episode]:
+    """Every episode of one panel simulator."""
+    cfg = entry.simulator
+    if "id" in type(cfg).model_fields:
+        cfg = cfg.model_copy(update={"id": entry.id})
+    simulator = build_simulator(cfg, agent.models)
+    simulator.simulator_id = entry.id
+    seat = Seat(model=agent.chat, sampling=panel.agent_sampling, adapter=agent.adapter, trainable=True)  # streams carry entropies
+    rollout = RolloutConfig(group_size=panel.samples_per_task, max_concurrent=panel.max_concurrent,
+                            seed=simulator_seed(panel.seed, entry.id), on_turn_limit="continue", progress=False)
+    return RolloutEngine(env, seat, simulator, rollout).run(panel_tasks(env, panel, tasks_per_simulator or panel.tasks_per_simulator))
+
+
+def agent_turns(episodes: Sequence[Episode]) -> tuple[list[str], list[str]]:
+    """All of the agent's messages, and each episode's first agent message (its opening)."""
+    turns, openings = [], []
+    for e in episodes:
+        mine = [m.content for m in e.messages if m.role == AGENT]
+        turns += mine
+        openings += mine[:1]
+    return turns, openings
+
+
+def score(episodes: Sequence[Episode], coverage: Coverage | None, seed: int) -> dict:
+    """One table row. Reward and success are over COMPLETED episodes (the others have no reward);
+    success is an agent reward above 0 (P4G: a donation). pass^k counts a FAILED or TRUNCATED
+    sample as a failure of its task."""
+    completed = [e for e in episodes if e.status == EpisodeStatus.COMPLETED and AGENT in e.rewards]
+    rewards = [e.rewards[AGENT] for e in completed]
+    by_task: dict[tuple, list[bool]] = defaultdict(list)
+    for e in episodes:
+        by_task[(e.simulator_id, e.task_id)].append(e.status == EpisodeStatus.COMPLETED and e.rewards.get(AGENT, 0.0) > 0)
+    entropies = [h for e in episodes if AGENT in e.streams for h, m in zip(e.streams[AGENT].entropies, e.streams[AGENT].loss_mask) if m]
+    turns, openings = agent_turns(episodes)
+    count = {s: sum(e.status == s for e in episodes) for s in EpisodeStatus}
+    return {
+        "episodes": len(episodes),
+        "completed": count[EpisodeStatus.COMPLETED],
+        "failed": count[EpisodeStatus.FAILED],
+        "truncated": count[EpisodeStatus.TRUNCATED],
+        "reward": mean_with_ci(rewards, seed=seed),
+        "success": mean_with_ci([float(r > 0) for r in rewards], seed=seed),
+        "pass_k": pass_hat_k_curve([(sum(v), len(v)) for v in by_task.values()]),
+        "policy_entropy": sum(entropies) / len(entropies) if entropies else None,
+        "agent_tokens": len(entropies),
+        "diversity": diversity(turns, openings, coverage),
+    }
+
+
+def build_coverage(panel: Panel, env, episodes: Sequence[Episode]) -> Coverage | None:
+    reference = env.reference_texts(AGENT) if panel.coverage.reference == "env" else []
+    source = "env" if reference else "pooled"
+    if not reference:
+        reference = agent_turns(episodes)[0]
+    try:
+        coverage = Coverage(reference, k=panel.coverage.clusters, encoder=panel.coverage.encoder, seed=panel.seed)
+    except ValueError:
+        return None  # fewer than two distinct texts: nothing to cluster
+    coverage.source = source
+    return coverage
+
+
+def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print,
+                   tasks_per_simulator: int | None = None) -> dict:
+    """Play the whole panel and score it; ``tasks_per_simulator`` overrides the panel's (periodic evaluation)."""
+    envs: dict[str, object] = {}
+    played: dict[str, list[Episode]] = {}
+    for entry in panel.simulators:
+        env_cfg = type(panel.env).model_validate({**panel.env.model_dump(), **entry.env})
+        key = env_cfg.model_dump_json()
+        if key not in envs:
+            envs[key] = build_env(env_cfg)
+        log(f"evaluating {agent.label} against {entry.id}")
+        played[entry.id] = play(panel, entry, agent, envs[key], tasks_per_simulator)
+    all_episodes = [e for eps in played.values() for e in eps]
+    coverage = build_coverage(panel, build_env(panel.env), all_episodes)
+    heldout_ids = [s.id for s in panel.simulators if not s.training]
+    return {
+        "agent": agent.label,
+        "panel": panel.name,
+        "split": panel.split,
+        "seed": panel.seed,
+        "coverage_reference": getattr(coverage, "source", None),
+        "simulators": {
+            s.id: {"training": s.training, **score(played[s.id], coverage, simulator_seed(panel.seed, s.id))} for s in panel.simulators
+        },
+        "heldout": {"simulators": heldout_ids, **score([e for i in heldout_ids for e in played[i]], coverage, panel.seed)},
+        "all": score(all_episodes, coverage, panel.seed),
+    }
+
+
+def compact(results: dict) -> dict:
+    """The fields a metrics line keeps of an evaluation: held-out mean reward and entropy up front,
+    and per simulator its reward cell (the full results go to scope eval's JSON)."""
+    heldout = results["heldout"]
+    return {
+        "panel": results["panel"],
+        "reward_agent": heldout["reward"]["mean"],
+        "policy_entropy": heldout["policy_entropy"],
+        "heldout": {"reward": heldout["reward"], "success": heldout["success"], "policy_entropy": heldout["policy_entropy"],
+                    "episodes": heldout["episodes"], "simulators": heldout["simulators"]},
+        "simulators": {sid: {"training": r["training"], "reward": r["reward"], "policy_entropy": r["policy_entropy"]}
+                       for sid, r in results["simulators"].items()},
+    }
+
+
+def _cell(stat: dict) -> str:
+    if stat["mean"] is None:
+        return "-"
+    return f"{stat['mean']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def markdown(results: dict) -> str:
+    """The evaluation as a markdown table, one row per simulator plus the aggregates."""
+    k_max = max((max(map(int, r["pass_k"]), default=0) for r in results["simulators"].values()), default=0)
+    head = ["simulator", "training", "episodes", "reward [95% CI]", "success [95% CI]", *[f"pass^{k}" for k in range(1, k_max + 1)],
+            "policy entropy", "distinct-1", "distinct-2", "unique openings", "coverage", "failed", "truncated"]
+    lines = [f"# Evaluation of `{results['agent']}` on panel `{results['panel']}` ({results['split']} split, seed {results['seed']})", "",
+             f"Coverage: share of {results.get('coverage_reference') or '-'} reference clusters reached by the agent's turns.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [(sid, r, "yes" if r["training"] else "no") for sid, r in results["simulators"].items()]
+    rows += [("**held-out**", results["heldout"], ""), ("**all**", results["all"], "")]
+    for name, r, training in rows:
+        d = r["diversity"]
+        passes = [_num(r["pass_k"].get(k, r["pass_k"].get(str(k)))) for k in range(1, k_max + 1)]
+        lines.append("| " + " | ".join([name, training, str(r["episodes"]), _cell(r["reward"]), _cell(r["success"]), *passes,
+                                        _num(r["policy_entropy"]), _num(d["distinct_1"]), _num(d["distinct_2"]),
+                                        _num(d["unique_openings"]), _num(d["coverage"]), str(r["failed"]), str(r["truncated"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(results, indent=2))
+    (out / "eval.md").write_text(markdown(results))
+    return out / "eval.md"

@@ -1,0 +1,189 @@
+"""Evaluation: intervals, pass^k, panels (held-out aggregate), policy entropy, diversity, determinism."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from scope_marl.config import ConfigError
+from scope_marl.evaluation.diversity import Coverage, distinct_n, first_sentence, unique_share
+from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel, markdown
+from scope_marl.evaluation.panel import Panel, builtin_panels, load_panel
+from scope_marl.evaluation.stats import bootstrap_ci, pass_hat_k, pass_hat_k_curve
+from scope_marl.rollout.factory import ModelPool
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+
+
+def test_bootstrap_interval_covers_the_true_mean_at_about_the_nominal_rate():
+    rng = np.random.default_rng(0)
+    trials, covered = 300, 0
+    for t in range(trials):
+        sample = rng.exponential(scale=2.0, size=60)  # skewed on purpose; true mean 2.0
+        low, high = bootstrap_ci(sample, 0.95, n_resamples=1000, seed=t)
+        covered += low <= 2.0 <= high
+    # Percentile bootstrap on n = 60 skewed data undercovers slightly; 300 trials give +-2.5% noise.
+    assert 0.88 <= covered / trials <= 0.99
+
+
+def test_bootstrap_edge_cases():
+    assert bootstrap_ci([0.3]) == (0.3, 0.3)
+    assert all(math.isnan(x) for x in bootstrap_ci([]))
+    assert bootstrap_ci([1.0] * 5) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ci([1, 2], confidence=95)
+
+
+@pytest.mark.parametrize("c,n,k", [(3, 5, 2), (4, 4, 3), (0, 3, 1), (2, 6, 3), (5, 8, 4)])
+def test_pass_hat_k_is_the_chance_that_k_drawn_samples_all_succeed(c, n, k):
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    brute = sum(all(outcomes[i] for i in s) for s in subsets) / len(subsets)
+    assert pass_hat_k(c, n, k) == pytest.approx(brute)
+    assert pass_hat_k(c, n, k) == pytest.approx(math.comb(c, k) / math.comb(n, k))
+
+
+def test_pass_hat_k_curve_averages_tasks_up_to_the_smallest_sample_count():
+    curve = pass_hat_k_curve([(2, 2), (1, 2), (0, 3)])
+    assert curve == {1: pytest.approx((1 + 0.5 + 0) / 3), 2: pytest.approx((1 + 0 + 0) / 3)}
+    with pytest.raises(ValueError, match="k must be"):
+        pass_hat_k(1, 2, 3)
+
+
+# ---- diversity -----------------------------------------------------------------------------------
+
+
+def test_distinct_n_and_unique_openings_by_hand():
+    texts = ["the cat sat", "the cat ran"]
+    assert distinct_n(texts, 1) == pytest.approx(4 / 6)  # the, cat, sat, ran of 6 words
+    assert distinct_n(texts, 2) == pytest.approx(3 / 4)  # "the cat" twice, "cat sat", "cat ran"
+    assert distinct_n(["hi"], 2) is None
+    assert first_sentence("Hello there! How are you?") == "hello there"
+    assert unique_share(["Hello there! A", "hello, there! B", "Good day."]) == pytest.approx(2 / 3)
+
+
+def test_coverage_counts_reference_clusters_reached():
+    children = [f"children need food and school number {i}" for i in range(6)]
+    tax = [f"donations are tax deductible receipt form {i}" for i in range(6)]
+    coverage = Coverage(children + tax, k=2, seed=0)
+    assert coverage.covered(children[:2]) == pytest.approx(0.5)
+    assert coverage.covered(children[:1] + tax[:1]) == pytest.approx(1.0)
+    assert coverage.covered([]) is None
+    with pytest.raises(ValueError, match="reference texts"):
+        Coverage(["same"] * 3)
+
+
+# ---- panels --------------------------------------------------------------------------------------
+
+
+def test_builtin_panels_load_and_mark_nothing_as_training():
+    assert {"offline", "api"} <= set(builtin_panels())
+    offline = load_panel("offline")
+    assert offline.split == "test" and len(offline.simulators) >= 5
+    modes = {s.simulator.mode for s in offline.simulators}
+    assert {"frozen", "persona_guided", "vs"} <= modes, "prompt variants, persona guidance and VS on / off"
+    assert len({s.simulator.sampling.temperature for s in offline.simulators}) >= 3
+    assert len(load_panel("api").simulators) == 6
+    assert not any(s.training for s in offline.simulators)
+
+
+def test_panel_errors_name_the_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("simulators:\n  - id: a\n    simulator: {mode: frozen, model: embedded}\n    trainig: true\n")
+    with pytest.raises(ConfigError, match=r"simulators\.0\.trainig: unknown field; allowed fields here: id, training"):
+        load_panel(bad)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("simulators:\n  - {id: a, simulator: {mode: frozen}}\n  - {id: a, simulator: {mode: frozen}}\n")
+    with pytest.raises(ConfigError, match="distinct"):
+        load_panel(dup)
+    with pytest.raises(ConfigError, match="built-in: api, offline"):
+        load_panel("nope")
+
+
+# ---- evaluating an agent -------------------------------------------------------------------------
+
+GIVES, REFUSES = "Okay, I will donate. [DONATE $2]", "No thanks, I will not donate. [DONATE $0]"
+
+
+def scripted_panel(**overrides) -> Panel:
+    return Panel.model_validate({
+        "name": "scripted",
+        "env": {"name": "p4g", "source": "synthetic", "synthetic_tasks": 40, "max_exchanges": 2},
+        "tasks_per_simulator": 3,
+        "samples_per_task": 2,
+        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 8},
+        "coverage": {"clusters": 3, "reference": "pooled"},
+        "simulators": [
+            {"id": "giver", "training": True, "simulator": {"mode": "frozen", "model": f"scripted:{GIVES}"}},
+            {"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}},
+            {"id": "mixed", "simulator": {"mode": "frozen", "model": f"scripted:{GIVES}|{REFUSES}|{REFUSES}"}},
+        ],
+        **overrides,
+    })
+
+
+@pytest.fixture
+def agent(tiny_chat):
+    return AgentUnderTest(tiny_chat, None, "tiny", ModelPool())
+
+
+def test_held_out_aggregate_excludes_training_simulators(agent):
+    results = evaluate_panel(scripted_panel(), agent, log=lambda _: None)
+    sims = results["simulators"]
+    assert sims["giver"]["reward"]["mean"] == 1.0 and sims["refuser"]["reward"]["mean"] == 0.0
+    assert sims["giver"]["training"] and not sims["refuser"]["training"]
+    assert results["heldout"]["simulators"] == ["refuser", "mixed"]
+    held = [sims[s]["reward"]["mean"] * sims[s]["completed"] for s in ("refuser", "mixed")]
+    assert results["heldout"]["reward"]["mean"] == pytest.approx(sum(held) / (sims["refuser"]["completed"] + sims["mixed"]["completed"]))
+    assert results["heldout"]["reward"]["mean"] < results["all"]["reward"]["mean"], "the training simulator is easier and left out"
+    assert results["heldout"]["episodes"] == 12 and results["all"]["episodes"] == 18
+    assert sims["giver"]["pass_k"] == {1: 1.0, 2: 1.0} and sims["refuser"]["pass_k"] == {1: 0.0, 2: 0.0}
+    assert sims["giver"]["success"]["mean"] == 1.0
+    table = markdown(json.loads(json.dumps(results)))  # what scope eval writes, after a JSON round trip
+    assert "| giver | yes | 6 | 1.000 [1.000, 1.000] |" in table and "**held-out**" in table
+
+
+def test_policy_entropy_equals_a_hand_computed_value(agent, tiny_chat):
+    panel = scripted_panel(simulators=[{"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}}],
+                           tasks_per_simulator=1, samples_per_task=1, agent_sampling={"temperature": 0.8, "max_new_tokens": 5})
+    from scope_marl.envs import AGENT
+    from scope_marl.evaluation.evaluate import play
+    from scope_marl.rollout.factory import build_env
+
+    env = build_env(panel.env)
+    (episode,) = play(panel, panel.simulators[0], agent, env)
+    stream = episode.streams[AGENT]
+    ids = stream.prompt_ids + stream.response_ids
+    with torch.no_grad():
+        logits = tiny_chat.model(input_ids=torch.tensor([ids])).logits[0]
+    by_hand = []
+    for j, m in enumerate(stream.loss_mask):
+        if m:
+            z = logits[len(stream.prompt_ids) + j - 1].double() / 0.8
+            p = torch.softmax(z, -1)
+            by_hand.append(float(-(p * torch.log(p)).sum()))
+    results = evaluate_panel(panel, agent, log=lambda _: None)
+    assert results["simulators"]["refuser"]["agent_tokens"] == len(by_hand) > 0
+    assert results["simulators"]["refuser"]["policy_entropy"] == pytest.approx(sum(by_hand) / len(by_hand), abs=1e-4)
+
+
+def test_evaluating_twice_with_the_same_seed_gives_identical_numbers(agent):
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = evaluate_panel(scripted_panel(), agent, log=lambda _: None)
+        random.seed(123)
+        torch.manual_seed(123)  # global RNG state must not matter
+        second = evaluate_panel(scripted_panel(), agent, log=lambda _: None)
+        other_seed = evaluate_panel(scripted_panel(seed=1), agent, log=lambda _: None)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert first == second
+    assert first["simulators"]["mixed"]["diversity"] != other_seed["simulators"]["mixed"]["diversity"] or \
+        first["simulators"]["mixed"]["policy_entropy"] != other_seed["simulators"]["mixed"]["policy_entropy"]
