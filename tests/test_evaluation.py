@@ -187,3 +187,98 @@ def test_evaluating_twice_with_the_same_seed_gives_identical_numbers(agent):
     assert first == second
     assert first["simulators"]["mixed"]["diversity"] != other_seed["simulators"]["mixed"]["diversity"] or \
         first["simulators"]["mixed"]["policy_entropy"] != other_seed["simulators"]["mixed"]["policy_entropy"]
+
+
+# ---- inside training, scope eval on a run, scope report --------------------------------------------
+
+
+def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_model_dir, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+    from scope_marl.config import TrainConfig
+    from scope_marl.evaluation.evaluate import load_agent, resolve_checkpoint
+    from scope_marl.training.trainer import start
+
+    model = f"hf:{tiny_model_dir}"
+    panel = tmp_path / "panel.yaml"
+    panel.write_text(yaml.safe_dump({
+        "name": "tiny-panel",
+        "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
+        "tasks_per_simulator": 2, "samples_per_task": 2,
+        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
+        "coverage": {"clusters": 2},
+        "simulators": [
+            {"id": "train-sim", "simulator": {"mode": "frozen", "model": model, "sampling": {"temperature": 1.0, "max_new_tokens": 6}}},
+            {"id": "hot", "simulator": {"mode": "frozen", "model": model, "prompt_prefix": "Be brief.", "sampling": {"temperature": 1.5, "max_new_tokens": 6}}},
+            {"id": "scripted", "simulator": {"mode": "frozen", "model": "scripted:hello|ok"}},
+        ],
+    }))
+    cfg = TrainConfig.model_validate({
+        "model": model, "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
+        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
+        "simulator": {"mode": "frozen", "id": "train-sim", "model": model, "sampling": {"temperature": 1.0, "max_new_tokens": 6}},
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, "learner": {"lr": 0.01},
+        "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
+        "tasks_per_step": 2, "steps": 2, "checkpoint_every": 1, "seed": 0,
+        "eval": {"every": 1, "tasks": 2, "group_size": 2, "panel": str(panel)},
+    })
+    run = tmp_path / "run"
+    trainer = start(cfg, run)
+    records = trainer.run(progress=False)
+    assert trainer.cursor == 4, "evaluation never moves the training cursor"
+    evaluation = records[0]["eval"]
+    assert evaluation["simulators"]["train-sim"]["training"], "the training simulator's id is marked in the panel"
+    assert evaluation["heldout"]["simulators"] == ["hot", "scripted"]
+    assert evaluation["reward_agent"] == evaluation["heldout"]["reward"]["mean"]
+    assert sorted(p.name for p in (run / "evals").iterdir()) == ["step-000001.json", "step-000002.json"]
+
+    best = resolve_checkpoint(run)
+    assert best == __import__("pathlib").Path(trainer.best[1])
+    agent = load_agent(str(run))
+    assert agent.adapter == "agent" and agent.label == str(best)
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", "--checkpoint", str(run), "--panel", str(panel), "--out", str(run / "eval"), "--training", "train-sim"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((run / "eval" / "eval.json").read_text())
+    assert saved["heldout"]["simulators"] == ["hot", "scripted"] and saved["agent"] == str(best)
+    assert "| train-sim | yes |" in (run / "eval" / "eval.md").read_text()
+    bad = runner.invoke(app, ["eval", "--checkpoint", str(run), "--panel", str(panel), "--out", str(tmp_path / "x"), "--training", "nope"])
+    assert bad.exit_code == 2 and "not in the panel" in bad.output
+
+    result = runner.invoke(app, ["report", str(run), str(run / "eval"), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    for name in ("collapse.png", "heldout.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 10_000
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| run | 2 |" in text and "| train-sim (training) |" in text
+    missing = runner.invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r2")])
+    assert missing.exit_code == 2 and "neither metrics.jsonl" in missing.output
+
+
+def test_gamma_statistics_by_hand():
+    from scope_marl.evaluation.gamma import reply_stats
+
+    stats = reply_stats(["No thanks. Bye", "no thanks!", "No, thanks.", "Sure! I'll give $1", "Maybe later."])
+    # "no thanks" x3 (the first two share their first sentence; "No, thanks." normalizes the same), "sure" x1, "maybe later" x1
+    assert stats["unique"] == 3 and stats["top1_mass"] == pytest.approx(0.6)
+    assert stats["entropy"] == pytest.approx(-(0.6 * math.log(0.6) + 2 * 0.2 * math.log(0.2)))
+    assert stats["zipf_slope"] < 0
+    assert reply_stats(["same."] * 4) == {"samples": 4, "top1_mass": 1.0, "unique": 1, "entropy": 0.0, "zipf_slope": None}
+
+
+def test_gamma_diagnosis_runs_on_scripted_simulators():
+    from scope_marl.config import FrozenSimulatorConfig, VerbalizedConfig
+    from scope_marl.envs.p4g import PersuasionForGood
+    from scope_marl.evaluation.gamma import diagnose_gamma, paired_configs
+
+    plain, vs = paired_configs(FrozenSimulatorConfig(model="scripted:no"), k=3)
+    assert isinstance(vs, VerbalizedConfig) and vs.model == "scripted:no" and vs.k == 3
+    assert isinstance(paired_configs(vs, 3)[0], FrozenSimulatorConfig)
+    env = PersuasionForGood(source="synthetic", synthetic_tasks=30)
+    result = diagnose_gamma(FrozenSimulatorConfig(model="scripted:No thanks."), env, states=2, samples=8, vs_calls=2, log=lambda _: None)
+    assert result["mean"]["plain"]["top1_mass"] == 1.0 and result["mean"]["plain"]["unique"] == 1
+    with pytest.raises(ValueError, match="one LLM simulator"):
+        diagnose_gamma(__import__("scope_marl.config", fromlist=["x"]).parse_simulator_spec("pool:/tmp/x"), env, log=lambda _: None)

@@ -55,7 +55,7 @@ def test_agent_only_training_leaves_the_simulator_alone_and_writes_metrics(tiny_
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     first = records[0]["train_agent"]
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and first["clip_fraction"] == 0.0
-    assert "train_user" not in records[0] and records[1]["eval"]["simulator"] == "heldout"
+    assert "train_user" not in records[0] and records[1]["eval"]["heldout"]["simulators"] == ["heldout"]
     assert (tmp_path / "run" / "checkpoints" / "step-000004").exists()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4 and json.loads(lines[-1])["step"] == 4

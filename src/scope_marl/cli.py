@@ -164,6 +164,113 @@ def demo(
     console.print(f"report: {report} (plot: {report.parent / 'rewards.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
 
 
+@app.command("eval")
+def eval_command(
+    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="base (the untrained model), a run directory (its best, else last checkpoint) or a checkpoint directory"),
+    panel: str = typer.Option("offline", "--panel", "-p", help="panel YAML, or a built-in panel name: offline, api"),
+    out: Path = typer.Option(..., "--out", "-o", help="writes eval.json and eval.md here"),
+    model: str = typer.Option(None, "--model", "-m", help="base model spec (default: the run's model; embedded for base)"),
+    tasks: int = typer.Option(None, "--tasks", min=1, help="override the panel's tasks per simulator"),
+    samples: int = typer.Option(None, "--samples", min=1, help="override the panel's samples per task (pass^k up to k = samples)"),
+    seed: int = typer.Option(None, "--seed", help="override the panel's seed"),
+    training: list[str] = typer.Option([], "--training", help="mark a panel simulator id as used in training (repeatable)"),
+) -> None:
+    """Evaluate an agent against every simulator of a panel: reward and success with 95% intervals,
+    pass^k, policy entropy, turn diversity, failed / truncated counts, and the held-out aggregate.
+
+    Example: scope eval --checkpoint runs/frozen --panel offline --out runs/frozen/eval
+    """
+    from scope_marl.config import ConfigError
+    from scope_marl.evaluation.evaluate import evaluate_panel, load_agent, write_results
+    from scope_marl.evaluation.panel import load_panel
+
+    try:
+        chosen = load_panel(panel)
+        overrides = {k: v for k, v in {"tasks_per_simulator": tasks, "samples_per_task": samples, "seed": seed}.items() if v is not None}
+        chosen = type(chosen).model_validate({**chosen.model_dump(), **overrides}).with_training(set(training))
+        unknown = set(training) - {s.id for s in chosen.simulators}
+        if unknown:
+            fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
+        agent = load_agent(checkpoint, model)
+        results = evaluate_panel(chosen, agent, log=lambda m: console.print(m, soft_wrap=True))
+    except (ConfigError, BackendError, FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    report = write_results(results, out)
+    console.print(report.read_text(), soft_wrap=True)
+    console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="run directories (scope train) and / or scope eval output folders"),
+    out: Path = typer.Option(..., "--out", "-o", help="writes collapse.png, heldout.png and report.md here"),
+    title: str = typer.Option("Simulator collapse", help="title of the collapse plot"),
+) -> None:
+    """Plots and tables that show collapse at a glance: training-simulator reward, held-out reward and
+    policy entropy over steps (one line per run), and held-out reward per simulator with intervals.
+
+    Example: scope report runs/frozen runs/vs_prob runs/population --out runs/report
+    """
+    from scope_marl.evaluation.report import write_report
+
+    try:
+        path = write_report(run_dirs, out, title)
+    except FileNotFoundError as err:
+        fail(str(err))
+    console.print(path.read_text(), soft_wrap=True)
+    console.print(f"report: {path} (plots: {out / 'collapse.png'}, {out / 'heldout.png'})", soft_wrap=True)
+
+
+diagnose_app = typer.Typer(help="Diagnostics of simulators and agents.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(diagnose_app, name="diagnose")
+
+
+@diagnose_app.command("gamma")
+def diagnose_gamma_command(
+    simulator: str = typer.Option("frozen:embedded", "--simulator", "-s", help="simulator spec, e.g. frozen:embedded or persona_guided(temperature=1.0):embedded"),
+    states: int = typer.Option(4, min=1, help="dialogue states (test personas after a persuader's opening)"),
+    samples: int = typer.Option(256, min=2, help="replies sampled per state"),
+    vs_k: int = typer.Option(5, "--vs-k", min=2, help="candidates per Verbalized Sampling call (the reference)"),
+    vs_calls: int = typer.Option(32, "--vs-calls", min=1, help="VS calls per state; the samples are drawn across them"),
+    env: str = typer.Option("p4g", help="environment: p4g or say_the_word"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(None, "--out", "-o", help="also write the full result as JSON here"),
+) -> None:
+    """How collapsed is a simulator? Top-1 reply mass, unique replies, entropy and Zipf slope over
+    sampled replies per dialogue state, and the entropy ratio against the same model under VS.
+
+    Example: scope diagnose gamma --simulator frozen:embedded --states 4 --samples 256
+    """
+    import json
+
+    from scope_marl.config import ConfigError, P4GConfig, SayTheWordConfig, parse_simulator_spec
+    from scope_marl.evaluation.gamma import diagnose_gamma
+    from scope_marl.rollout.factory import build_env
+
+    try:
+        cfg = parse_simulator_spec(simulator)
+        env_cfg = P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
+        if env_cfg is None:
+            fail(f"unknown --env {env!r}; use p4g or say_the_word")
+        result = diagnose_gamma(cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(m, soft_wrap=True))
+    except (ConfigError, BackendError, ValueError) as err:
+        fail(str(err))
+    table = Table(title=f"gamma diagnosis of {simulator}: {states} states x {samples} replies")
+    for column in ("state", "side", "top-1 mass", "unique", "entropy", "Zipf slope", "entropy ratio"):
+        table.add_column(column, justify="right")
+    fmt = lambda v: "-" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"  # noqa: E731
+    rows = [(str(r["state"]), r) for r in result["states"]] + [("mean", result["mean"])]
+    for label, r in rows:
+        for side in ("plain", "vs"):
+            table.add_row(label, side, fmt(r[side]["top1_mass"]), fmt(r[side]["unique"]), fmt(r[side]["entropy"]),
+                          fmt(r[side]["zipf_slope"]), fmt(r["entropy_ratio"]) if side == "plain" else "")
+    console.print(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        console.print(f"written to {out}")
+
+
 data_app = typer.Typer(help="Benchmark data: download and check corpora.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(data_app, name="data")
 

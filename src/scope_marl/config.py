@@ -262,14 +262,15 @@ class LoraSettings(Section):
 
 class EvalSettings(Section):
     every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
-    tasks: int = Field(4, ge=1, description="a fixed, seeded subset of the test split")
-    group_size: int = Field(1, ge=1)
+    tasks: int = Field(4, ge=1, description="test tasks per simulator: a fixed, seeded subset of the test split")
+    group_size: int = Field(1, ge=1, description="samples per task")
+    panel: str | None = Field(None, description="a panel YAML path or built-in name (offline, api); replaces `simulator`")
     simulator: SimulatorConfig = Field(
         default_factory=lambda: FrozenSimulatorConfig(
             id="heldout-skeptic", prompt_prefix="You are skeptical and careful with money.",
             sampling=SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=48),
         ),
-        description="held-out simulator (until the evaluation issue's panels land)",
+        description="the one held-out simulator when no panel is given",
     )
 
 

@@ -62,3 +62,123 @@ def plot_collapse(series: dict[str, list[dict]], path: str | Path, title: str = 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ---- reading runs --------------------------------------------------------------------------------
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def final_evaluation(run_dir: Path) -> dict | None:
+    """The run's latest full evaluation: ``eval/eval.json`` (scope eval --out RUN_DIR/eval, or the
+    demo), else the last periodic one in ``evals/``, else ``eval.json`` when the folder is a scope eval output."""
+    for candidate in (run_dir / "eval" / "eval.json", *sorted((run_dir / "evals").glob("step-*.json"), reverse=True), run_dir / "eval.json"):
+        if candidate.exists():
+            return json.loads(candidate.read_text())
+    return None
+
+
+def collapse_series(records: list[dict]) -> list[dict]:
+    """Points for :func:`plot_collapse` from metrics lines: training-simulator reward, held-out reward
+    (on evaluation steps, with its interval) and the policy entropy the learner measured."""
+    points = []
+    for r in records:
+        held = (r.get("eval") or {}).get("heldout", {}).get("reward", {})
+        points.append({
+            "step": r["step"],
+            "train_reward": (r.get("reward_agent") or {}).get("mean"),
+            "heldout_reward": held.get("mean"),
+            "heldout_reward_low": held.get("low"),
+            "heldout_reward_high": held.get("high"),
+            "policy_entropy": (r.get("train_agent") or {}).get("entropy"),
+        })
+    return points
+
+
+def load_runs(paths: list[Path]) -> dict[str, dict]:
+    runs = {}
+    for path in paths:
+        records, evaluation = read_metrics(path), final_evaluation(path)
+        if not records and evaluation is None:
+            raise FileNotFoundError(f"{path} has neither metrics.jsonl (a scope train run) nor eval.json (a scope eval output)")
+        name = path.name if path.name not in runs else str(path)
+        runs[name] = {"path": str(path), "records": records, "evaluation": evaluation}
+    return runs
+
+
+# ---- plots and tables ----------------------------------------------------------------------------
+
+
+def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
+    """Reward per panel simulator with 95% intervals, one bar per run; training simulators marked."""
+    evaluated = {name: run["evaluation"] for name, run in runs.items() if run["evaluation"]}
+    if not evaluated:
+        return None
+    plt = _pyplot()
+    simulators = list(dict.fromkeys(sid for ev in evaluated.values() for sid in ev["simulators"]))
+    trained = {sid for ev in evaluated.values() for sid, r in ev["simulators"].items() if r["training"]}
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(simulators) * max(1, len(evaluated)) / 2 + 3), 4.5))
+    width = 0.8 / len(evaluated)
+    for i, (name, ev) in enumerate(evaluated.items()):
+        cells = [ev["simulators"].get(sid, {}).get("reward", {}) for sid in simulators]
+        means = [c.get("mean") if c.get("mean") is not None else math.nan for c in cells]
+        errors = [[m - (c.get("low") if c.get("low") is not None else m) for m, c in zip(means, cells)],
+                  [(c.get("high") if c.get("high") is not None else m) - m for m, c in zip(means, cells)]]
+        ax.bar([j + i * width for j in range(len(simulators))], means, width, yerr=errors, capsize=3, label=name)
+    labels = [f"{sid}\n(training)" if sid in trained else sid for sid in simulators]
+    ax.set_xticks([j + width * (len(evaluated) - 1) / 2 for j in range(len(simulators))], labels, rotation=20, ha="right")
+    ax.set(title="Agent reward per panel simulator (95% bootstrap intervals)", ylabel="mean agent reward")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _cell(stat: dict | None) -> str:
+    if not stat or stat.get("mean") is None:
+        return "-"
+    return f"{stat['mean']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def report_markdown(runs: dict[str, dict]) -> str:
+    lines = ["# Report", "",
+             "Collapse reads as training-simulator reward rising while held-out reward and policy entropy fall.", "",
+             "![collapse curves](collapse.png)", "",
+             *(["![reward per panel simulator](heldout.png)", ""] if any(r["evaluation"] for r in runs.values()) else []),
+             "## Runs", "",
+             "| run | steps | train reward (first -> last) | held-out reward [95% CI] | held-out success | policy entropy | distinct-2 | coverage |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        train = [p["train_reward"] for p in collapse_series(run["records"]) if p["train_reward"] is not None]
+        held = (run["evaluation"] or {}).get("heldout", {})
+        lines.append(f"| {name} | {len(run['records'])} | {_num(train[0]) if train else '-'} -> {_num(train[-1]) if train else '-'} | "
+                     f"{_cell(held.get('reward'))} | {_cell(held.get('success'))} | {_num(held.get('policy_entropy'))} | "
+                     f"{_num(held.get('diversity', {}).get('distinct_2'))} | {_num(held.get('diversity', {}).get('coverage'))} |")
+    evaluated = {name: run["evaluation"] for name, run in runs.items() if run["evaluation"]}
+    if evaluated:
+        simulators = list(dict.fromkeys(sid for ev in evaluated.values() for sid in ev["simulators"]))
+        lines += ["", "## Reward per simulator", "", "| simulator | " + " | ".join(evaluated) + " |", "|---|" + "---|" * len(evaluated)]
+        for sid in simulators:
+            mark = " (training)" if any(ev["simulators"].get(sid, {}).get("training") for ev in evaluated.values()) else ""
+            lines.append(f"| {sid}{mark} | " + " | ".join(_cell(ev["simulators"].get(sid, {}).get("reward")) for ev in evaluated.values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "Simulator collapse") -> Path:
+    """``scope report``: collapse.png, heldout.png and report.md for one or more runs."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs([Path(p) for p in run_dirs])
+    plot_collapse({name: collapse_series(run["records"]) for name, run in runs.items() if run["records"]}, out / "collapse.png", title)
+    plot_heldout_bars(runs, out / "heldout.png")
+    (out / "report.md").write_text(report_markdown(runs))
+    return out / "report.md"

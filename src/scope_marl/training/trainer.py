@@ -14,6 +14,7 @@ and loads a drawn member into the simulator adapter before each rollout.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
@@ -25,7 +26,9 @@ from scope_marl.backends import load_backend
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config import TrainConfig, dump_config, load_config
 from scope_marl.envs import AGENT, USER
-from scope_marl.rollout import RolloutConfig, RolloutEngine, RolloutRecorder, summarize
+from scope_marl.evaluation.evaluate import AgentUnderTest, compact, evaluate_panel
+from scope_marl.evaluation.panel import Panel, load_panel
+from scope_marl.rollout import RolloutEngine, RolloutRecorder, summarize
 from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
 from scope_marl.seat import Seat
 from scope_marl.training import checkpoint
@@ -71,12 +74,7 @@ class Trainer:
                 self.learners[role] = Learner(self.agent_chat, role, None, temperature, LearnerConfig(**fields), reference=self.chat)
             else:
                 self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, LearnerConfig(**fields))
-        # trainable=True only so evaluation episodes carry the agent's token entropies; nothing trains on them.
-        eval_agent = Seat(model=self.agent_chat, sampling=cfg.agent_sampling, adapter=self.agent_adapter, trainable=True)
-        eval_rollout = RolloutConfig(group_size=cfg.eval.group_size, max_concurrent=cfg.rollout.max_concurrent,
-                                     seed=cfg.seed + 7919, on_turn_limit=cfg.rollout.on_turn_limit, progress=False)
-        self.eval_simulator = build_simulator(cfg.eval.simulator, models)
-        self._eval_agent, self._eval_rollout = eval_agent, eval_rollout
+        self.models = models
         self.recorder = RolloutRecorder(self.run_dir / "rollouts")
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.tensorboard = TensorBoardWriter(self.run_dir / "tensorboard") if cfg.tensorboard else None
@@ -138,7 +136,9 @@ class Trainer:
         if self.cfg.pool is not None and self.step % self.cfg.pool.every == 0:
             self._snapshot_simulator()
         if self.cfg.eval.every and self.step % self.cfg.eval.every == 0:
-            record["eval"] = self.evaluate()
+            results = self.evaluate()
+            write_json_atomic(self.run_dir / "evals" / f"step-{self.step:06d}.json", results)
+            record["eval"] = compact(results)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.tensorboard is not None:
@@ -164,18 +164,29 @@ class Trainer:
                 bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
         return records
 
-    def evaluate(self, simulator=None) -> dict:
-        """The agent against a held-out simulator (default: the config's) on a fixed subset of the test split."""
-        simulator = simulator or self.eval_simulator
-        tasks = list(self.env.tasks("test"))
-        random.Random(self.cfg.seed).shuffle(tasks)
-        engine = RolloutEngine(self.env, self._eval_agent, simulator, self._eval_rollout)
-        episodes = engine.run(tasks[: self.cfg.eval.tasks])
-        rewards = [e.rewards[AGENT] for e in episodes if AGENT in e.rewards]
-        entropies = [x for e in episodes for s in e.streams.values() for x, m in zip(s.entropies, s.loss_mask) if m]
-        return {"simulator": simulator.simulator_id, "episodes": len(episodes),
-                "reward_agent": sum(rewards) / len(rewards) if rewards else None,
-                "policy_entropy": sum(entropies) / len(entropies) if entropies else None}
+    def eval_panel(self) -> Panel:
+        """The panel periodic evaluation plays: ``eval.panel`` (or the single ``eval.simulator``), on
+        this run's environment, agent sampling and seed, ``eval.tasks`` test tasks per simulator and
+        ``eval.group_size`` samples each. A panel simulator with the training simulator's id is
+        marked as training, so the held-out aggregate leaves it out."""
+        e = self.cfg.eval
+        fields = {"env": self.cfg.env, "split": "test", "tasks_per_simulator": e.tasks, "samples_per_task": e.group_size,
+                  "seed": self.cfg.seed, "agent_sampling": self.cfg.agent_sampling, "max_concurrent": self.cfg.rollout.max_concurrent}
+        if e.panel is not None:
+            panel = load_panel(e.panel).model_copy(update=fields)
+        else:
+            sim_id = getattr(e.simulator, "id", None) or "heldout"
+            panel = Panel(name="heldout", simulators=[{"id": sim_id, "simulator": e.simulator}], **fields)
+        training_id = getattr(self.cfg.simulator, "id", None)
+        return panel.with_training({training_id} if training_id else set())
+
+    def evaluate(self, panel: Panel | None = None, log=lambda _: None) -> dict:
+        """The agent against a panel of held-out simulators on a fixed, seeded subset of the test split.
+
+        Builds its own engines: the training cursor and the training engine's counters never move.
+        """
+        agent = AgentUnderTest(self.agent_chat, self.agent_adapter, f"step {self.step}", self.models)
+        return evaluate_panel(panel or self.eval_panel(), agent, log=log)
 
     # ---- population --------------------------------------------------------------------------
     def _ensure_pool(self) -> None:
@@ -263,6 +274,13 @@ class Trainer:
             return
         lines = [l for l in self.metrics_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= self.step]
         self.metrics_path.write_text("".join(l + "\n" for l in lines))
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:

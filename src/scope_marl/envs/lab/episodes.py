@@ -1,0 +1,91 @@
+"""Playing whole batches of lab dialogues as tensors.
+
+A batch is ``groups x group_size`` episodes; all episodes of a group share the persona (the task)
+and, through ``simulator.for_group``, the simulator that plays the user, so the GRPO baseline
+compares like with like. Groups that drew the same simulator answer in one call per turn.
+Each episode is one stream per role: the agent's strategy choices and the user's acts, one per
+turn, ``mask`` marking the real turns (a dialogue may end early on a terminal act).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from scope_marl.envs.lab.game import Game
+from scope_marl.envs.lab.policy import StrategyPolicy
+from scope_marl.envs.lab.simulators import ActTurn, batch_turn, draw, entropy_nats
+from scope_marl.simulators.base import Simulator
+
+
+@dataclass
+class Dialogues:
+    persona: Tensor  # [n] assigned persona
+    played: Tensor  # [n] the persona the user was played as (differs when a simulator ignores its persona)
+    previous: Tensor  # [n, T] the user's previous act before each agent turn
+    strategies: Tensor  # [n, T]
+    acts: Tensor  # [n, T]
+    mask: Tensor  # [n, T] bool, real turns
+    agent_logp: Tensor  # [n, T] log-prob of the sampled strategy at sampling time
+    agent_entropy: Tensor  # [n, T] entropy of the policy at each turn
+    user_logp: Tensor  # [n, T] log-prob of the act under the simulator that said it
+    rewards: Tensor  # [n] the agent's reward (the donation outcome)
+    group_ids: list[str]  # [n]
+    simulators: list[str]  # one simulator id per group
+
+    def mean_entropy(self) -> float:
+        return float(self.agent_entropy[self.mask].mean())
+
+
+def play(game: Game, policy: StrategyPolicy, simulator: Simulator, personas: Tensor, group_size: int,
+         generator: torch.Generator, first_group: int = 0) -> Dialogues:
+    """``len(personas)`` groups of ``group_size`` dialogues; group g faces ``simulator.for_group(first_group + g)``."""
+    groups = len(personas)
+    n, T = groups * group_size, game.turns
+    persona = personas.repeat_interleave(group_size)
+    members = [simulator.for_group(first_group + g) for g in range(groups)]
+    rows_of: dict[int, list[int]] = {}
+    for g, member in enumerate(members):
+        rows_of.setdefault(id(member), []).extend(range(g * group_size, (g + 1) * group_size))
+    by_id = {id(m): m for m in members}
+    # One bucket covering everything (a single simulator) skips the row indexing.
+    buckets = [(by_id[k], None if len(rows) == n else torch.tensor(rows)) for k, rows in rows_of.items()]
+
+    persona_draw = torch.rand(n, generator=generator)
+    previous = torch.full((n,), game.start)
+    alive = torch.ones(n, dtype=torch.bool)
+    played = persona.clone()
+    record = {name: torch.zeros(n, T, dtype=dtype) for name, dtype in (
+        ("previous", torch.long), ("strategies", torch.long), ("acts", torch.long), ("mask", torch.bool),
+        ("agent_logp", torch.float), ("agent_entropy", torch.float), ("user_logp", torch.float))}
+    with torch.no_grad():
+        for t in range(T):
+            logp = policy(t, previous)
+            strategy = draw(logp.exp(), torch.rand(n, generator=generator))
+            acts = torch.empty(n, dtype=torch.long)
+            user_logp = torch.empty(n)
+            for member, rows in buckets:
+                pick = slice(None) if rows is None else rows
+                context = ActTurn(t, persona[pick], previous[pick], strategy[pick], persona_draw[pick], generator)
+                response = member.respond([batch_turn(context, game)])[0]
+                acts[pick] = response.reply
+                user_logp[pick] = response.info["logp"]
+                if t == 0:
+                    played[pick] = response.info["played"]
+            record["previous"][:, t] = previous
+            record["strategies"][:, t] = strategy
+            record["acts"][:, t] = acts
+            record["mask"][:, t] = alive
+            record["agent_logp"][:, t] = logp.gather(1, strategy[:, None]).squeeze(1)
+            record["agent_entropy"][:, t] = entropy_nats(logp.exp())
+            record["user_logp"][:, t] = user_logp
+            previous = torch.where(alive, acts, previous)
+            alive = alive & ~game.terminal[acts]
+            if not alive.any():
+                break
+    rewards = game.outcome(record["acts"], record["mask"])
+    group_ids = [str(first_group + g) for g in range(groups) for _ in range(group_size)]
+    return Dialogues(persona=persona, played=played, rewards=rewards, group_ids=group_ids,
+                     simulators=[m.simulator_id for m in members], **record)
