@@ -161,7 +161,8 @@ def demo(
     except (BackendError, FileExistsError) as err:
         fail(str(err))
     console.print(report.read_text(), soft_wrap=True)
-    console.print(f"report: {report} (plot: {report.parent / 'rewards.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
+    console.print(f"report: {report} (plots: {report.parent / 'collapse.png'}, {report.parent / 'heldout.png'}) "
+                  f"in {time.perf_counter() - started:.0f}s", soft_wrap=True)
 
 
 @app.command("eval")

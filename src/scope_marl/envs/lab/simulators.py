@@ -145,13 +145,14 @@ class VerbalizedActs(ActSimulator):
     """Verbalized Sampling over a sharpened simulator: k candidates with stated probabilities, one drawn.
 
     Model of what the LLM lists: asked for k *different* replies, it names k distinct acts drawn
-    without replacement (Gumbel top-k) from its verbalized distribution ``q = p**gamma_vs / Z`` with
-    ``gamma_vs = 1 + residual * (gamma - 1)``: verbalizing recovers most, not all, of the diversity
-    that sampling lost. It states each candidate's probability as ``q(act) * exp(noise * N(0, 1))``.
-    One candidate is then drawn as in the LLM path: in proportion to the stated probabilities
-    (``prob``) or uniformly (``random``), after the normalization of ``parse_candidates`` (weights
-    renormalized; zero-probability candidates are never drawn). The persona behaviour is the
-    wrapped simulator's: VS does not make an LLM keep to its persona.
+    without replacement (Gumbel top-k) from its verbalized distribution. Verbalizing undoes most,
+    not all, of the collapse, and we treat both faces of collapse alike, keeping the same share
+    ``residual`` of each: ``q = p**gamma_vs / Z`` with ``gamma_vs = 1 + residual * (gamma - 1)``,
+    and the modal-persona drift shrinks to ``residual * (1 - adherence)``. It states each
+    candidate's probability as ``q(act) * exp(noise * N(0, 1))``. One candidate is then drawn as
+    in the LLM path: in proportion to the stated probabilities (``prob``) or uniformly
+    (``random``), after the normalization of ``parse_candidates`` (weights renormalized;
+    zero-probability candidates are never drawn).
 
     ``exact=True`` builds real :class:`Candidate` lists and draws each episode with
     :func:`draw_candidate` (and measures :func:`candidate_entropy`); the default batched path
@@ -168,7 +169,10 @@ class VerbalizedActs(ActSimulator):
         self.k = k or game.vs_k
         if not 1 <= self.k <= len(game.acts):
             raise ValueError(f"VS k must be between 1 and the number of acts ({len(game.acts)}), got {self.k}")
-        super().__init__(game, simulator.adherence, simulator_id or f"vs-{method}(k={self.k}):{simulator.simulator_id}")
+        if not 0.0 <= residual <= 1.0:
+            raise ValueError(f"VS residual must be in [0, 1], got {residual}")
+        adherence = 1.0 - residual * (1.0 - simulator.adherence)
+        super().__init__(game, adherence, simulator_id or f"vs-{method}(k={self.k}):{simulator.simulator_id}")
         self.method, self.noise, self.exact = method, noise, exact
         self.gamma_vs = 1.0 + residual * (simulator.gamma - 1.0)
         self._table = sharpen(game.reply, self.gamma_vs)
