@@ -157,7 +157,7 @@ def demo(
 
     started = time.perf_counter()
     try:
-        report = run_demo(out, steps=steps, log=lambda m: console.print(m, soft_wrap=True))
+        report = run_demo(out, steps=steps, log=lambda m: console.print(escape(m), soft_wrap=True))
     except (BackendError, FileExistsError) as err:
         fail(str(err))
     console.print(report.read_text(), soft_wrap=True)
@@ -193,7 +193,7 @@ def eval_command(
         if unknown:
             fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
         agent = load_agent(checkpoint, model)
-        results = evaluate_panel(chosen, agent, log=lambda m: console.print(m, soft_wrap=True))
+        results = evaluate_panel(chosen, agent, log=lambda m: console.print(escape(m), soft_wrap=True))
     except (ConfigError, BackendError, FileNotFoundError, ValueError) as err:
         fail(str(err))
     report = write_results(results, out)
@@ -253,7 +253,7 @@ def diagnose_gamma_command(
         env_cfg = P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
         if env_cfg is None:
             fail(f"unknown --env {env!r}; use p4g or say_the_word")
-        result = diagnose_gamma(cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(m, soft_wrap=True))
+        result = diagnose_gamma(cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(escape(m), soft_wrap=True))
     except (ConfigError, BackendError, ValueError) as err:
         fail(str(err))
     table = Table(title=f"gamma diagnosis of {simulator}: {states} states x {samples} replies")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,10 @@ from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache
 from scope_marl.types import Message
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
+
+# peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model;
+# the warning is about peft's code, not ours or the user's, and would print on every run.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 class SlotCache:
