@@ -164,6 +164,12 @@ def test_full_fine_tuning_trains_a_copy_and_keeps_the_base_as_reference(tiny_mod
     resumed = Trainer.resume(tmp_path / "full")
     assert all(torch.equal(v, trainer.agent_chat.model.state_dict()[k]) for k, v in resumed.agent_chat.model.state_dict().items())
 
+    from scope_marl.evaluation.evaluate import load_agent
+
+    evaluated = load_agent(str(tmp_path / "full"))  # scope eval on a fully fine-tuned run
+    assert evaluated.adapter is None and evaluated.chat is not evaluated.models.get(f"hf:{tiny_model_dir}")
+    assert all(torch.equal(v, trainer.agent_chat.model.state_dict()[k]) for k, v in evaluated.chat.model.state_dict().items())
+
 
 def test_full_fine_tuning_is_agent_only(tiny_model_dir):
     sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}"}

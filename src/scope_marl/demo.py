@@ -79,6 +79,6 @@ def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print
         trainer = start(arm_config(arm, steps, model), out / arm)
         trainer.run()
         log(f"[{arm}] evaluating on the {panel.name} panel ({len(panel.simulators)} held-out simulators)")
-        write_results(trainer.evaluate(panel, log=lambda m: log(f"[{arm}] {m}")), out / arm / "eval")
+        write_results(trainer.evaluate(panel, log=lambda m, arm=arm: log(f"[{arm}] {m}")), out / arm / "eval")
         log(f"[{arm}] done in {time.perf_counter() - started:.0f}s")
     return write_report([out / arm for arm in arms or list(ARMS)], out, title="scope demo: agent trained a few steps per arm")

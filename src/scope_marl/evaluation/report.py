@@ -39,17 +39,26 @@ def plot_collapse(series: dict[str, list[dict]], path: str | Path, title: str = 
     import matplotlib.ticker
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharex=True)  # one step axis, even for a single evaluation point
+    styles = ["-", "--", ":", "-."]  # arms with equal numbers still show as separate lines
+    markers = ["o", "s", "^", "D", "v", "P"]
     for ax, (key, panel_title, ylabel) in zip(axes, PANELS):
-        for arm, points in series.items():
+        for i, (arm, points) in enumerate(series.items()):
             points = [p for p in points if p.get(key) is not None and math.isfinite(p[key])]
             if not points:
                 continue
             steps = [p["step"] for p in points]
-            line, = ax.plot(steps, [p[key] for p in points], marker="o" if len(points) < 30 else None, markersize=3, label=arm)
+            line, = ax.plot(steps, [p[key] for p in points], linestyle=styles[i % len(styles)],
+                            marker=markers[i % len(markers)] if len(points) < 30 else None, markersize=5, label=arm)
             if all(p.get(f"{key}_low") is not None for p in points):
-                ax.fill_between(steps, [p[f"{key}_low"] for p in points], [p[f"{key}_high"] for p in points],
-                                color=line.get_color(), alpha=0.15, linewidth=0)
+                low, high = [p[f"{key}_low"] for p in points], [p[f"{key}_high"] for p in points]
+                if len(points) > 1:
+                    ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+                else:  # a band needs two points; one point gets an error bar
+                    ax.errorbar(steps, [p[key] for p in points], yerr=[[p[key] - lo for p, lo in zip(points, low)], [hi - p[key] for p, hi in zip(points, high)]],
+                                color=line.get_color(), capsize=4, linestyle="none")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set(title=panel_title, xlabel="training step", ylabel=ylabel)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -81,9 +90,10 @@ def final_evaluation(run_dir: Path) -> dict | None:
     return None
 
 
-def collapse_series(records: list[dict]) -> list[dict]:
+def collapse_series(records: list[dict], final: dict | None = None) -> list[dict]:
     """Points for :func:`plot_collapse` from metrics lines: training-simulator reward, held-out reward
-    (on evaluation steps, with its interval) and the policy entropy the learner measured."""
+    (on evaluation steps, with its interval) and the policy entropy the learner measured. A run
+    evaluated only after training (``final``, e.g. the demo) gets its held-out point at the last step."""
     points = []
     for r in records:
         held = (r.get("eval") or {}).get("heldout", {}).get("reward", {})
@@ -95,6 +105,9 @@ def collapse_series(records: list[dict]) -> list[dict]:
             "heldout_reward_high": held.get("high"),
             "policy_entropy": (r.get("train_agent") or {}).get("entropy"),
         })
+    if final and points and points[-1]["heldout_reward"] is None:
+        held = final["heldout"]["reward"]
+        points[-1].update(heldout_reward=held["mean"], heldout_reward_low=held["low"], heldout_reward_high=held["high"])
     return points
 
 
@@ -178,7 +191,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "Simu
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs([Path(p) for p in run_dirs])
-    plot_collapse({name: collapse_series(run["records"]) for name, run in runs.items() if run["records"]}, out / "collapse.png", title)
+    series = {name: collapse_series(run["records"], run["evaluation"]) for name, run in runs.items() if run["records"]}
+    plot_collapse(series, out / "collapse.png", title)
     plot_heldout_bars(runs, out / "heldout.png")
     (out / "report.md").write_text(report_markdown(runs))
     return out / "report.md"
