@@ -24,7 +24,7 @@ from scope_marl.backends import ChatModel, load_backend
 from scope_marl.envs import AGENT
 from scope_marl.evaluation.diversity import Coverage, diversity
 from scope_marl.evaluation.panel import Panel, PanelSimulator
-from scope_marl.evaluation.stats import mean_with_ci, pass_hat_k_curve
+from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve
 from scope_marl.rollout import RolloutConfig, RolloutEngine
 from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
 from scope_marl.seat import Seat
@@ -198,16 +198,6 @@ def compact(results: dict) -> dict:
     }
 
 
-def _cell(stat: dict) -> str:
-    if stat["mean"] is None:
-        return "-"
-    return f"{stat['mean']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
-
-
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def markdown(results: dict) -> str:
     """The evaluation as a markdown table, one row per simulator plus the aggregates."""
     k_max = max((max(map(int, r["pass_k"]), default=0) for r in results["simulators"].values()), default=0)
@@ -220,10 +210,10 @@ def markdown(results: dict) -> str:
     rows += [("**held-out**", results["heldout"], ""), ("**all**", results["all"], "")]
     for name, r, training in rows:
         d = r["diversity"]
-        passes = [_num(r["pass_k"].get(k, r["pass_k"].get(str(k)))) for k in range(1, k_max + 1)]
-        lines.append("| " + " | ".join([name, training, str(r["episodes"]), _cell(r["reward"]), _cell(r["success"]), *passes,
-                                        _num(r["policy_entropy"]), _num(d["distinct_1"]), _num(d["distinct_2"]),
-                                        _num(d["unique_openings"]), _num(d["coverage"]), str(r["failed"]), str(r["truncated"])]) + " |")
+        passes = [format_number(r["pass_k"].get(k, r["pass_k"].get(str(k)))) for k in range(1, k_max + 1)]
+        lines.append("| " + " | ".join([name, training, str(r["episodes"]), format_interval(r["reward"]), format_interval(r["success"]), *passes,
+                                        format_number(r["policy_entropy"]), format_number(d["distinct_1"]), format_number(d["distinct_2"]),
+                                        format_number(d["unique_openings"]), format_number(d["coverage"]), str(r["failed"]), str(r["truncated"])]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,8 @@ import json
 import math
 from pathlib import Path
 
+from scope_marl.evaluation.stats import format_interval, format_number
+
 PANELS = [
     ("train_reward", "Reward vs the training simulator", "mean agent reward"),
     ("heldout_reward", "Reward vs held-out simulators", "mean agent reward"),
@@ -152,16 +154,6 @@ def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
     return path
 
 
-def _cell(stat: dict | None) -> str:
-    if not stat or stat.get("mean") is None:
-        return "-"
-    return f"{stat['mean']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
-
-
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def report_markdown(runs: dict[str, dict]) -> str:
     lines = ["# Report", "",
              "Collapse reads as training-simulator reward rising while held-out reward and policy entropy fall.", "",
@@ -173,16 +165,16 @@ def report_markdown(runs: dict[str, dict]) -> str:
     for name, run in runs.items():
         train = [p["train_reward"] for p in collapse_series(run["records"]) if p["train_reward"] is not None]
         held = (run["evaluation"] or {}).get("heldout", {})
-        lines.append(f"| {name} | {len(run['records'])} | {_num(train[0]) if train else '-'} -> {_num(train[-1]) if train else '-'} | "
-                     f"{_cell(held.get('reward'))} | {_cell(held.get('success'))} | {_num(held.get('policy_entropy'))} | "
-                     f"{_num(held.get('diversity', {}).get('distinct_2'))} | {_num(held.get('diversity', {}).get('coverage'))} |")
+        lines.append(f"| {name} | {len(run['records'])} | {format_number(train[0]) if train else '-'} -> {format_number(train[-1]) if train else '-'} | "
+                     f"{format_interval(held.get('reward'))} | {format_interval(held.get('success'))} | {format_number(held.get('policy_entropy'))} | "
+                     f"{format_number(held.get('diversity', {}).get('distinct_2'))} | {format_number(held.get('diversity', {}).get('coverage'))} |")
     evaluated = {name: run["evaluation"] for name, run in runs.items() if run["evaluation"]}
     if evaluated:
         simulators = list(dict.fromkeys(sid for ev in evaluated.values() for sid in ev["simulators"]))
         lines += ["", "## Reward per simulator", "", "| simulator | " + " | ".join(evaluated) + " |", "|---|" + "---|" * len(evaluated)]
         for sid in simulators:
             mark = " (training)" if any(ev["simulators"].get(sid, {}).get("training") for ev in evaluated.values()) else ""
-            lines.append(f"| {sid}{mark} | " + " | ".join(_cell(ev["simulators"].get(sid, {}).get("reward")) for ev in evaluated.values()) + " |")
+            lines.append(f"| {sid}{mark} | " + " | ".join(format_interval(ev["simulators"].get(sid, {}).get("reward")) for ev in evaluated.values()) + " |")
     return "\n".join(lines) + "\n"
 
 

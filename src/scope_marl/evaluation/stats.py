@@ -58,3 +58,14 @@ def pass_hat_k_curve(per_task: Sequence[tuple[int, int]]) -> dict[int, float]:
         return {}
     k_max = min(n for _, n in per_task)
     return {k: sum(pass_hat_k(c, n, k) for c, n in per_task) / len(per_task) for k in range(1, k_max + 1)}
+
+
+def format_interval(stat: dict | None) -> str:
+    """A table cell for a ``mean_with_ci`` dict: ``0.250 [0.000, 0.500]`` (``-`` when unmeasured)."""
+    if not stat or stat.get("mean") is None:
+        return "-"
+    return f"{stat['mean']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
+
+
+def format_number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
