@@ -222,6 +222,32 @@ def report(
     console.print(f"report: {path} (plots: {out / 'collapse.png'}, {out / 'heldout.png'})", soft_wrap=True)
 
 
+@app.command()
+def lab(
+    game: str = typer.Option("theory", "--game", "-g", help="theory (the paper's formal setting) or p4g (estimated from the annotated P4G dialogues)"),
+    arms: str = typer.Option(None, "--arms", help="comma-separated arms (default: single,rotation,vs_prob,vs_random,cotrain,population; oracle is an extra reference)"),
+    seeds: int = typer.Option(5, "--seeds", min=1, help="seeds per arm (tables give mean and 95% interval over seeds)"),
+    panel: Path = typer.Option(None, "--panel", help="YAML of held-out simulators (schema in docs/lab.md); default: the built-in held-out panel"),
+    out: Path = typer.Option(..., "--out", "-o", help="writes results.json, report.md and collapse.png here"),
+) -> None:
+    """The collapse lab: simulator collapse and both fixes in seconds, with the same simulator-mode
+    and loss code as the LLM path. Trains each arm and prints training-simulator reward, held-out
+    reward and policy entropy per arm.
+
+    Example: scope lab --game theory --out runs/lab-theory
+    """
+    from scope_marl.envs.lab.runner import format_table, run_lab
+
+    started = time.perf_counter()
+    chosen = [a.strip() for a in arms.split(",") if a.strip()] if arms else None
+    try:
+        results = run_lab(game, chosen, seeds, panel, out, log=lambda m: console.print(escape(m), soft_wrap=True))
+    except (ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    console.print(format_table(results), soft_wrap=True, markup=False)
+    console.print(f"report: {out / 'report.md'} (plot: {out / 'collapse.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
+
+
 diagnose_app = typer.Typer(help="Diagnostics of simulators and agents.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(diagnose_app, name="diagnose")
 

@@ -3,8 +3,8 @@
 Schema (documented with examples in docs/lab.md)::
 
     name: my-panel                 # optional, for reports
-    simulators:                    # at least one; names unique
-      - name: human                # required
+    simulators:                    # at least one; ids unique
+      - id: human                  # required (the evaluation panels of scope eval name it id too)
         gamma: 1.0                 # > 0; 1 = the human reply model, larger = more collapsed
         adherence: 1.0             # in [0, 1]; share of episodes played as the persona given
         personas: population       # population | modal | minority | [names] | {name: weight}
@@ -22,6 +22,7 @@ file can serve both games when it uses only the generic values.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Literal
 
@@ -30,14 +31,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from scope_marl.envs.lab.game import Game
-from scope_marl.envs.lab.simulators import VS_NOISE, VS_RESIDUAL, ActSimulator, FrozenActs, VerbalizedActs
+from scope_marl.envs.lab.simulators import (
+    VS_NOISE,
+    VS_RESIDUAL,
+    ActSimulator,
+    FrozenActs,
+    VerbalizedActs,
+)
 
 HERE = Path(__file__).parent
 HELDOUT_PANEL = HERE / "panel_default.yaml"
 VALIDATION_PANEL = HERE / "panel_validation.yaml"
 
 FIXES = {
-    "name": "give every simulator a short unique name, e.g. name: llm-a",
+    "id": "give every simulator a short unique id, e.g. id: llm-a",
     "gamma": "use a number > 0 (1 = the human model; 2-6 = increasingly collapsed LLMs)",
     "adherence": "use a number between 0 (always plays the modal persona) and 1 (always keeps its persona)",
     "personas": "use population, modal, minority, a list of persona names, or a mapping name: weight",
@@ -63,7 +70,7 @@ class VSSpec(BaseModel):
 
 class PanelSimulator(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1)
+    id: str = Field(min_length=1)
     gamma: float = Field(1.0, gt=0.0)
     adherence: float = Field(1.0, ge=0.0, le=1.0)
     personas: Literal["population", "modal", "minority"] | list[str] | dict[str, float] = "population"
@@ -87,10 +94,10 @@ class Panel(BaseModel):
     @field_validator("simulators")
     @classmethod
     def _unique(cls, value):
-        names = [s.name for s in value]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        ids = [s.id for s in value]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
-            raise ValueError(f"duplicate simulator names {duplicates}")
+            raise ValueError(f"duplicate simulator ids {duplicates}")
         return value
 
 
@@ -123,6 +130,10 @@ def load_panel(path: str | Path) -> Panel:
             loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "list[", "dict["))))
             field = next((p for p in reversed(loc) if isinstance(p, str)), "simulators")
             fix = FIXES.get(field, "see the schema in docs/lab.md")
+            if error["type"] == "extra_forbidden":
+                known = list((VSSpec if "vs" in loc[:-1] else PanelSimulator if "simulators" in loc else Panel).model_fields)
+                close = difflib.get_close_matches(field, known, n=1)
+                fix = (f"did you mean {close[0]!r}? " if close else "") + f"the known fields here are {known}"
             lines.append(f"  {_where(loc) or 'panel'}: {error['msg']} (got {error.get('input')!r}). Fix: {fix}")
         raise PanelError(f"invalid panel file {path}:\n" + "\n".join(dict.fromkeys(lines))) from exc
 
@@ -154,14 +165,14 @@ def persona_weights(game: Game, spec: PanelSimulator, where: str) -> torch.Tenso
 
 
 def build_panel(game: Game, panel: Panel) -> list[tuple[str, ActSimulator, torch.Tensor]]:
-    """(name, simulator, persona weights) for every panel member, for this game."""
+    """(id, simulator, persona weights) for every panel member, for this game."""
     members = []
     for i, spec in enumerate(panel.simulators):
         where = f"simulators[{i}]"
-        simulator: ActSimulator = FrozenActs.sharpened(game, spec.gamma, spec.adherence, simulator_id=spec.name)
+        simulator: ActSimulator = FrozenActs.sharpened(game, spec.gamma, spec.adherence, simulator_id=spec.id)
         if spec.vs is not None:
             if spec.vs.k is not None and spec.vs.k > len(game.acts):
                 raise PanelError(f"{where}.vs.k: {spec.vs.k} is more than the {len(game.acts)} acts of game {game.name}. Fix: {FIXES['k']}")
-            simulator = VerbalizedActs(simulator, spec.vs.k, spec.vs.method, spec.vs.noise, spec.vs.residual, simulator_id=spec.name)
-        members.append((spec.name, simulator, persona_weights(game, spec, where)))
+            simulator = VerbalizedActs(simulator, spec.vs.k, spec.vs.method, spec.vs.noise, spec.vs.residual, simulator_id=spec.id)
+        members.append((spec.id, simulator, persona_weights(game, spec, where)))
     return members

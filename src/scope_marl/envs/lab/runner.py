@@ -10,6 +10,8 @@ built from the *shared* simulator classes (:class:`Rotation`, :class:`SimulatorP
     vs_random    the same, drawn uniformly
     cotrain      a trainable simulator, starting as the single LLM, rewarded 1 - r (adversarial)
     population   co-training, but every group faces a member of the snapshot pool
+    oracle       (optional, not a default arm) trains on the human model itself: the ceiling a
+                 simulator could at best give, as a reference; its "held-out" reward is not held out
 
 Every ``eval_every`` steps the policy plays each held-out simulator (fixed seeds: all arms and
 steps see the same users); the run reports reward against its training simulator, held-out
@@ -32,13 +34,20 @@ from scope_marl.envs.lab.episodes import Dialogues, play
 from scope_marl.envs.lab.game import Game
 from scope_marl.envs.lab.panel import HELDOUT_PANEL, build_panel, load_panel
 from scope_marl.envs.lab.policy import StrategyPolicy
-from scope_marl.envs.lab.simulators import FrozenActs, PopulationActs, TrainableActs, VerbalizedActs, entropy_nats
+from scope_marl.envs.lab.simulators import (
+    FrozenActs,
+    PopulationActs,
+    TrainableActs,
+    VerbalizedActs,
+    entropy_nats,
+)
 from scope_marl.simulators.base import Simulator
 from scope_marl.simulators.pool import SimulatorPool
 from scope_marl.simulators.rotation import Rotation
 from scope_marl.training.losses import group_advantages, policy_loss
 
 ARMS = ("single", "rotation", "vs_prob", "vs_random", "cotrain", "population")
+OPTIONAL_ARMS = ("oracle",)
 GAMES = ("theory", "p4g")
 METRICS = ("train_reward", "heldout_reward", "policy_entropy")
 EVAL_SEED = 10_007  # evaluation users are the same for every arm, seed and step (common random numbers)
@@ -55,9 +64,9 @@ class Settings:
     group_size: int = 8
     lr: float = 0.1  # Adam on the agent's logits
     kl_coef: float = 0.01  # k3 KL to the initial (uniform) policy, the release's value
-    sim_lr: float = 0.1  # Adam on the trainable simulator's logits
-    sim_kl_coef: float = 0.05  # k3 KL of the trainable simulator to its initial distribution
-    pool_every: int = 15  # a pool snapshot every N steps (release: 16 of its longer runs)
+    sim_lr: float = 0.3  # Adam on the trainable simulator's logits
+    sim_kl_coef: float = 0.5  # k3 KL of the trainable simulator to its initial distribution
+    pool_every: int = 5  # a pool snapshot every N steps (release: 16, in runs of hundreds of steps)
     pool_size: int = 10  # release default
     eval_every: int = 15
     eval_groups: int = 64  # per held-out simulator
@@ -67,9 +76,11 @@ class Settings:
     rotation: tuple[tuple[float, float], ...] = ((4.0, 0.0), (3.0, 0.2), (6.0, 0.1))  # (gamma, adherence) of K = 3 LLMs
 
 
+# lr, sim_lr, sim_kl_coef and pool_every as chosen by ``python -m scope_marl.envs.lab.tune`` on the
+# validation panel (5 seeds, 100-104; scores in docs/lab.md).
 SETTINGS = {
-    "theory": Settings(),
-    "p4g": Settings(steps=120, eval_every=20, eval_groups=48),
+    "theory": Settings(lr=0.1, sim_lr=0.3, sim_kl_coef=0.5, pool_every=5),  # = the defaults above
+    "p4g": Settings(steps=120, eval_every=20, eval_groups=48, lr=0.3, sim_lr=0.1, sim_kl_coef=2.0, pool_every=15),
 }
 
 
@@ -99,6 +110,8 @@ def opponent(arm: str, game: Game, s: Settings, seed: int, workdir: Path) -> Opp
     llm = FrozenActs.sharpened(game, s.train_gamma, s.train_adherence, simulator_id="train-llm")
     if arm == "single":
         return Opponent(llm)
+    if arm == "oracle":
+        return Opponent(FrozenActs.sharpened(game, 1.0, 1.0, simulator_id="human"))
     if arm == "rotation":
         members = [FrozenActs.sharpened(game, g, a, simulator_id=f"llm-{i}") for i, (g, a) in enumerate(s.rotation)]
         return Opponent(Rotation(members, order="round_robin", seed=seed))
@@ -112,7 +125,7 @@ def opponent(arm: str, game: Game, s: Settings, seed: int, workdir: Path) -> Opp
         pool = SimulatorPool(workdir / "pool", max_size=s.pool_size, selection="random", seed=seed)
         pool.add(trainable.save(workdir / "staging"), step=0, base=True)
         return Opponent(PopulationActs(pool, game, trainable.adherence, seed), trainable, pool)
-    raise ValueError(f"unknown arm {arm!r}; use any of {list(ARMS)}")
+    raise ValueError(f"unknown arm {arm!r}; use any of {list(ARMS + OPTIONAL_ARMS)}")
 
 
 # ---- updates (the shared GRPO loss on lab tensors) ----------------------------------------------
@@ -253,9 +266,9 @@ def run_lab(game: str = "theory", arms: list[str] | None = None, seeds: int = 5,
     """
     started = time.perf_counter()
     arms = list(arms or ARMS)
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARMS + OPTIONAL_ARMS]
     if unknown:
-        raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+        raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS + OPTIONAL_ARMS)}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     lab_game = load_game(game)
@@ -332,34 +345,65 @@ def table_rows(results: dict) -> list[list[str]]:
 HEADER = ["arm", "train reward", "change", "held-out reward", "change", "policy entropy", "change", "held-out - single"]
 
 
+def _verdict(stats: dict, up: str, down: str) -> str:
+    if stats["low"] > 0:
+        return up
+    if stats["high"] < 0:
+        return down
+    return "no clear change (interval spans 0)"
+
+
+def checks(results: dict) -> list[str]:
+    """The paper's claims, read off the intervals: does single-simulator RL collapse, and which arms beat it?"""
+    r = results["results"]
+    lines = []
+    if "single" in r:
+        change = r["single"]["change"]
+        lines.append(f"single: training-simulator reward {_ci(change['train_reward'], True)}: "
+                     + _verdict(change["train_reward"], "rises", "falls"))
+        lines.append(f"single: held-out reward {_ci(change['heldout_reward'], True)}: "
+                     + _verdict(change["heldout_reward"], "rises", "falls"))
+        lines.append(f"single: policy entropy {_ci(change['policy_entropy'], True)}: "
+                     + _verdict(change["policy_entropy"], "rises", "falls"))
+        for arm, stats in r.items():
+            if arm != "single" and stats.get("heldout_vs_single"):
+                diff = stats["heldout_vs_single"]
+                note = " (reference only: oracle trains on the human model)" if arm == "oracle" else ""
+                lines.append(f"{arm} vs single, held-out {_ci(diff, True)}: "
+                             + _verdict(diff, "beats single", "worse than single") + note)
+    return lines
+
+
 def format_table(results: dict) -> str:
-    """The per-arm table as plain text (what ``scope lab`` prints)."""
+    """The per-arm table as plain text, then the checks (what ``scope lab`` prints)."""
     rows = [HEADER, *table_rows(results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    lines = [f"game {results['game']}: {results['seeds']} seeds, mean [95% t-interval over seeds]; "
-             f"held-out panel '{results['panel']['name']}' ({len(results['panel']['simulators'])} simulators); "
-             "change = final - step 0"]
+    lines = [(f"game {results['game']}: {results['seeds']} seeds, mean [95% t-interval over seeds]; "
+              f"held-out panel '{results['panel']['name']}' ({len(results['panel']['simulators'])} simulators); "
+              "change = final - step 0")]
     for i, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + checks(results))
 
 
 def report_markdown(results: dict) -> str:
     game = results["game"]
     lines = [f"# Collapse lab: `{game}`", "",
-             f"{results['seeds']} seeds per arm; every cell is the mean over seeds with its {results['interval']}. "
-             f"Held-out panel: `{results['panel_file']}` ({len(results['panel']['simulators'])} simulators, never used to choose "
-             "anything). *change* is final minus step 0; *held-out - single* is paired by seed.", "",
+             (f"{results['seeds']} seeds per arm; every cell is the mean over seeds with its {results['interval']}. "
+              f"Held-out panel: `{results['panel_file']}` ({len(results['panel']['simulators'])} simulators, never used to "
+              "choose anything). *change* is final minus step 0; *held-out - single* is paired by seed."), "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
-    names = [s["name"] for s in results["panel"]["simulators"]]
+    names = [s["id"] for s in results["panel"]["simulators"]]
     lines += ["", "## Final held-out reward per simulator", "", "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for arm, r in results["results"].items():
         lines.append(f"| {arm} | " + " | ".join(_ci(r["per_simulator"][n]) for n in names) + " |")
-    lines += ["", "## Settings", "", "```json", json.dumps(results["settings"], indent=1), "```", "",
-              "Collapse curves: `collapse.png` (training-simulator reward, held-out reward, policy entropy vs step).", ""]
+    lines += ["", "## Checks", ""] + [f"- {line}" for line in checks(results)]
+    lines += ["", "## Settings", ""] + [f"- `{key}`: {json.dumps(value)}" for key, value in results["settings"].items()]
+    lines += ["", "Collapse curves: `collapse.png` (training-simulator reward, held-out reward, policy entropy vs step).",
+              "Modelling choices: docs/lab.md.", ""]
     return "\n".join(lines)
 
 

@@ -33,12 +33,16 @@ from torch import Tensor
 from scope_marl.envs.base import Task
 from scope_marl.envs.lab.game import Game
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
-from scope_marl.simulators.candidates import Candidate, candidate_entropy, draw_candidate
+from scope_marl.simulators.candidates import (
+    Candidate,
+    candidate_entropy,
+    draw_candidate,
+)
 from scope_marl.simulators.pool import SimulatorPool
 
 SNAPSHOT_FILE = "simulator.pt"
-# The VS paper reports that verbalizing a distribution recovers about two thirds of the diversity
-# that alignment removed; we model the residual collapse as a third of the excess exponent.
+# The VS paper reports that verbalizing recovers 66.8% of the base model's pre-alignment diversity;
+# we model the residual collapse as a third of the excess (gamma - 1, and 1 - adherence).
 VS_RESIDUAL = 1.0 / 3.0
 # Stated probabilities are the true ones times exp(noise * N(0, 1)): roughly calibrated, +-35%.
 VS_NOISE = 0.3
@@ -64,6 +68,11 @@ def draw(weights: Tensor, uniforms: Tensor) -> Tensor:
     index = torch.searchsorted(cumulative, (uniforms.double() * cumulative[:, -1])[:, None], right=True).squeeze(1)
     last_positive = torch.where(weights > 0, torch.arange(weights.shape[1]), -1).amax(1)
     return torch.minimum(index, last_positive)
+
+
+def entropy_nats(probs: Tensor) -> Tensor:
+    """Shannon entropy over the last dimension (0 log 0 = 0)."""
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
 
 
 @dataclass
@@ -200,7 +209,7 @@ class VerbalizedActs(ActSimulator):
             choice, entropy = self._draw_exact(acts, weights, uniforms)
         else:
             choice = draw(weights, uniforms)
-            entropy = -(weights * weights.clamp_min(1e-30).log()).sum(1).clamp_min(0.0)
+            entropy = entropy_nats(weights)
         reply = acts.gather(1, choice[:, None]).squeeze(1)
         # Probability of the drawn act under the listing, as the agent-side record of this turn.
         logp = weights.gather(1, choice[:, None]).squeeze(1).log()
@@ -288,11 +297,6 @@ class PopulationActs(Simulator[Tensor]):
 
     def respond(self, turns: Sequence[SimulatorTurn]) -> list[Tensor]:
         raise TypeError("a PopulationActs answers through the member drawn for each group: call for_group(i) first")
-
-
-def entropy_nats(probs: Tensor) -> Tensor:
-    """Shannon entropy over the last dimension (0 log 0 = 0)."""
-    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
 
 
 __all__ = [
