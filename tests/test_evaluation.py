@@ -250,6 +250,7 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
 
     result = runner.invoke(app, ["report", str(run), str(run / "eval"), "--out", str(tmp_path / "report")])
     assert result.exit_code == 0, result.output
+    assert "![collapse curves](collapse.png)" in result.output, "printed as written, not eaten as rich markup"
     for name in ("collapse.png", "heldout.png"):
         assert (tmp_path / "report" / name).stat().st_size > 10_000
     text = (tmp_path / "report" / "report.md").read_text()

@@ -160,7 +160,7 @@ def demo(
         report = run_demo(out, steps=steps, log=lambda m: console.print(escape(m), soft_wrap=True))
     except (BackendError, FileExistsError) as err:
         fail(str(err))
-    console.print(report.read_text(), soft_wrap=True)
+    console.print(report.read_text(), soft_wrap=True, markup=False)
     console.print(f"report: {report} (plots: {report.parent / 'collapse.png'}, {report.parent / 'heldout.png'}) "
                   f"in {time.perf_counter() - started:.0f}s", soft_wrap=True)
 
@@ -197,7 +197,7 @@ def eval_command(
     except (ConfigError, BackendError, FileNotFoundError, ValueError) as err:
         fail(str(err))
     report = write_results(results, out)
-    console.print(report.read_text(), soft_wrap=True)
+    console.print(report.read_text(), soft_wrap=True, markup=False)
     console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
 
 
@@ -218,7 +218,7 @@ def report(
         path = write_report(run_dirs, out, title)
     except FileNotFoundError as err:
         fail(str(err))
-    console.print(path.read_text(), soft_wrap=True)
+    console.print(path.read_text(), soft_wrap=True, markup=False)
     console.print(f"report: {path} (plots: {out / 'collapse.png'}, {out / 'heldout.png'})", soft_wrap=True)
 
 

@@ -142,12 +142,14 @@ def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
         means = [c.get("mean") if c.get("mean") is not None else math.nan for c in cells]
         errors = [[m - (c.get("low") if c.get("low") is not None else m) for m, c in zip(means, cells)],
                   [(c.get("high") if c.get("high") is not None else m) - m for m, c in zip(means, cells)]]
-        ax.bar([j + i * width for j in range(len(simulators))], means, width, yerr=errors, capsize=3, label=name)
+        bars = ax.bar([j + i * width for j in range(len(simulators))], means, width, yerr=errors, capsize=3, label=name)
+        ax.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)  # a zero bar is otherwise invisible
     labels = [f"{sid}\n(training)" if sid in trained else sid for sid in simulators]
     ax.set_xticks([j + width * (len(evaluated) - 1) / 2 for j in range(len(simulators))], labels, rotation=20, ha="right")
     ax.set(title="Agent reward per panel simulator (95% bootstrap intervals)", ylabel="mean agent reward")
+    ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 0.1))
     ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside the bars and their labels
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -303,7 +303,8 @@ def run_lab(game: str = "theory", arms: list[str] | None = None, seeds: int = 5,
             result["summary"]["heldout_vs_single"] = interval(diffs) if arm != "single" else None
     results = {
         "game": game, "arms": arms, "seeds": seeds, "settings": asdict(s), "panel": panel_spec.model_dump(),
-        "panel_file": str(panel_path), "game_notes": lab_game.notes,
+        # The built-in panel is named by its package path, not this machine's absolute path.
+        "panel_file": "scope_marl/envs/lab/" + HELDOUT_PANEL.name if panel is None else str(panel_path), "game_notes": lab_game.notes,
         "interval": "95% Student-t interval over seeds",
         "results": {arm: r["summary"] for arm, r in per_arm.items()},
         "runs": {arm: [{k: v for k, v in run.items() if k != "curve"} for run in r["runs"]] for arm, r in per_arm.items()},
