@@ -235,9 +235,17 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
     assert sorted(p.name for p in (run / "evals").iterdir()) == ["step-000001.json", "step-000002.json"]
 
     best = resolve_checkpoint(run)
-    assert best == __import__("pathlib").Path(trainer.best[1])
+    assert best == run / "checkpoints" / trainer.best[1] and trainer.best[1].startswith("step-")
     agent = load_agent(str(run))
-    assert agent.adapter == "agent" and agent.label == str(best)
+    assert agent.adapter == "agent" and agent.label == str(best) and agent.step == int(trainer.best[1][5:])
+    moved = tmp_path / "moved-run"
+    run.rename(moved)  # the best checkpoint is stored by name, so a moved run still finds it
+    assert resolve_checkpoint(moved) == moved / "checkpoints" / trainer.best[1]
+    moved.rename(run)
+    lone = tmp_path / "lone-checkpoint"
+    __import__("shutil").copytree(best, lone)
+    with pytest.raises(FileNotFoundError, match="--model SPEC"):
+        load_agent(str(lone))
 
     runner = CliRunner()
     result = runner.invoke(app, ["eval", "--checkpoint", str(run), "--panel", str(panel), "--out", str(run / "eval"), "--training", "train-sim"])
@@ -283,3 +291,58 @@ def test_gamma_diagnosis_runs_on_scripted_simulators():
     assert result["mean"]["plain"]["top1_mass"] == 1.0 and result["mean"]["plain"]["unique"] == 1
     with pytest.raises(ValueError, match="one LLM simulator"):
         diagnose_gamma(__import__("scope_marl.config", fromlist=["x"]).parse_simulator_spec("pool:/tmp/x"), env, log=lambda _: None)
+
+
+def test_grouped_bootstrap_resamples_whole_tasks():
+    # Two samples per task, equal within a task: the interval must equal the one over task means,
+    # not the narrower one that treats the 2 x 30 samples as independent.
+    rng = np.random.default_rng(1)
+    per_task = rng.normal(size=30)
+    values, groups = np.repeat(per_task, 2), np.repeat(np.arange(30), 2)
+    grouped = bootstrap_ci(values, groups=groups, seed=3)
+    assert grouped == pytest.approx(bootstrap_ci(per_task, seed=3))
+    naive = bootstrap_ci(values, seed=3)
+    assert naive[1] - naive[0] < 0.8 * (grouped[1] - grouped[0])
+    assert bootstrap_ci([1.0, 3.0], groups=["t", "t"]) == (2.0, 2.0)
+    assert all(math.isfinite(x) for x in bootstrap_ci([0.0, 1.0, 1.0], seed=-5)), "negative seeds work"
+
+
+def test_coverage_ignores_case_and_punctuation_duplicates():
+    coverage = Coverage(["Hi!", "hi.", "HI", "Hello there, friend", "hello there friend!"], k=8)
+    assert coverage.k == 2 and coverage.reference_size == 2
+    assert coverage.covered(["hi", "hello there friend"]) == 1.0
+
+
+def test_collapse_series_puts_a_separate_evaluation_at_its_checkpoint_step():
+    from scope_marl.evaluation.report import collapse_series
+
+    held = {"mean": 0.5, "low": 0.25, "high": 0.75}
+    records = [{"step": s, "reward_agent": {"mean": 0.1 * s}, "train_agent": {"entropy": 1.0},
+                **({"eval": {"heldout": {"reward": held}}} if s in (4, 8) else {})} for s in range(1, 11)]
+    final = {"step": 6, "heldout": {"reward": {"mean": 0.9, "low": 0.8, "high": 1.0}}}
+    points = collapse_series(records, final)
+    assert [p["step"] for p in points if p["heldout_reward"] is not None] == [4, 6, 8]
+    assert points[5]["heldout_reward"] == 0.9 and points[9]["heldout_reward"] is None
+    base = {"step": None, "heldout": {"reward": held}}
+    assert [p["step"] for p in collapse_series(records, base) if p["heldout_reward"] is not None] == [4, 8]
+
+
+def test_training_simulators_are_marked_by_id_or_by_settings():
+    from scope_marl.config import parse_simulator_spec
+    from scope_marl.training.trainer import training_ids
+
+    panel = Panel.model_validate({"simulators": [
+        {"id": "same-settings", "simulator": {"mode": "frozen", "model": "scripted:a"}},
+        {"id": "other", "simulator": {"mode": "frozen", "model": "scripted:b"}},
+        {"id": "named", "simulator": {"mode": "frozen", "model": "scripted:c"}},
+    ]})
+    assert training_ids(panel, parse_simulator_spec("frozen:scripted:a")) == {"same-settings"}
+    rotation = parse_simulator_spec("rotation:frozen:scripted:b;frozen:scripted:z")
+    assert training_ids(panel, rotation) == {"other"}
+    named = parse_simulator_spec("frozen:scripted:q").model_copy(update={"id": "named"})
+    assert training_ids(panel, named) == {"named"}
+
+
+def test_panel_env_overrides_are_checked_against_the_env():
+    with pytest.raises(ValueError, match=r"simulators\.0\.env: unknown field\(s\) \['sourse'\]; allowed: name, data_dir, source"):
+        Panel.model_validate({"simulators": [{"id": "a", "env": {"sourse": "synthetic"}, "simulator": {"mode": "frozen"}}]})

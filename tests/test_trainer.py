@@ -180,7 +180,7 @@ def test_full_fine_tuning_is_agent_only(tiny_model_dir):
 def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    trainer = start(TrainConfig.model_validate(config(tiny_model_dir, steps=2, tensorboard=True)), tmp_path / "tb")
+    trainer = start(TrainConfig.model_validate(config(tiny_model_dir, steps=2, checkpoint_every=1, tensorboard=True)), tmp_path / "tb")
     records = trainer.run(progress=False)
     events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
     events.Reload()
@@ -188,6 +188,16 @@ def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
     assert {"reward_agent/mean", "train_agent/kl", "train_agent/entropy", "rollout_s"} <= tags
     kl = [(e.step, e.value) for e in events.Scalars("train_agent/kl")]
     assert kl == [(r["step"], pytest.approx(r["train_agent"]["kl"], rel=1e-6, abs=1e-9)) for r in records]
+
+    # A resume from step 1's checkpoint replays step 2: TensorBoard keeps one point per step, not two.
+    import shutil
+    shutil.rmtree(tmp_path / "tb" / "checkpoints" / "step-000002")
+    resumed = Trainer.resume(tmp_path / "tb")
+    assert resumed.step == 1
+    resumed.run(progress=False)
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train_agent/kl")] == [1, 2]
 
 
 def test_demo_runs_every_stage_and_writes_the_report(tiny_model_dir, tmp_path):
@@ -210,3 +220,12 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_model_dir, tmp_path):
         assert evaluation["heldout"]["simulators"] == ["a", "b"] and evaluation["heldout"]["episodes"] == 4
     assert (tmp_path / "demo" / "collapse.png").exists() and (tmp_path / "demo" / "heldout.png").exists()
     assert len(list((tmp_path / "demo" / "population" / "pool" / "members").iterdir())) == 3
+
+
+def test_a_bad_eval_panel_fails_when_training_starts(tiny_model_dir, tmp_path):
+    from scope_marl.config import ConfigError
+
+    cfg = config(tiny_model_dir, eval={"every": 1, "panel": "no-such-panel"})
+    with pytest.raises(ConfigError, match="built-in: api, offline"):
+        start(TrainConfig.model_validate(cfg), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -264,6 +264,7 @@ class EvalSettings(Section):
     every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
     tasks: int = Field(4, ge=1, description="test tasks per simulator: a fixed, seeded subset of the test split")
     group_size: int = Field(1, ge=1, description="samples per task")
+    split: Split = Field("test", description="test (the issue's default) or validation: the best checkpoint is chosen on this split")
     panel: str | None = Field(None, description="a panel YAML path or built-in name (offline, api); replaces `simulator`")
     simulator: SimulatorConfig = Field(
         default_factory=lambda: FrozenSimulatorConfig(

@@ -78,12 +78,15 @@ class Coverage:
     def __init__(self, reference: Sequence[str], k: int = 8, encoder: str = "tfidf", seed: int = 0):
         from sklearn.cluster import KMeans
 
-        reference = [t for t in dict.fromkeys(reference) if words(t)]
+        # Texts equal up to case and punctuation embed identically; keep one of each.
+        reference = list(dict.fromkeys(" ".join(words(t)) for t in reference if words(t)))
         if len(reference) < 2:
             raise ValueError("coverage needs at least two distinct non-empty reference texts")
-        self.k = min(k, len(reference))
         self.encoder = Encoder(encoder).fit(reference)
-        self.kmeans = KMeans(n_clusters=self.k, n_init=4, random_state=seed).fit(self.encoder.encode(reference))
+        self.kmeans = KMeans(n_clusters=min(k, len(reference)), n_init=4, random_state=seed).fit(self.encoder.encode(reference))
+        # KMeans can leave a cluster empty when points coincide; only clusters that hold reference
+        # texts can be reached, so they are the denominator.
+        self.k = len(set(self.kmeans.labels_.tolist()))
         self.reference_size = len(reference)
 
     def clusters(self, texts: Sequence[str]) -> list[int]:

@@ -4,9 +4,10 @@ For each simulator: a fixed, seeded subset of the panel's split (test by default
 rollouts per task, and one table row: mean reward and success rate with 95% bootstrap intervals,
 pass^k, the agent's policy entropy (mean per-token entropy of its full temperature-scaled
 distribution, DESIGN.md), the diversity of its turns, and FAILED / TRUNCATED counts. The held-out
-aggregate pools the episodes of every simulator not marked ``training``. Seeds derive from the
-panel seed and each simulator's id, so evaluating twice gives the same numbers and adding a
-simulator to a panel leaves the others' numbers alone. Evaluation builds its own engines and never
+aggregate pools the episodes of every simulator not marked ``training``. Intervals resample
+tasks (a task's samples are correlated). Seeds derive from the panel seed and each simulator's id,
+so evaluating twice gives the same numbers and adding a simulator to a panel leaves the others'
+rollouts alone (only coverage against a ``pooled`` reference depends on the whole panel). Evaluation builds its own engines and never
 touches a training run's data cursor.
 """
 
@@ -41,6 +42,7 @@ class AgentUnderTest:
     adapter: str | None
     label: str
     models: ModelPool
+    step: int | None = None  # the training step it was saved at (None: the untrained base)
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -56,8 +58,10 @@ def resolve_checkpoint(path: Path) -> Path:
             "pass RUN_DIR, RUN_DIR/checkpoints/step-NNNNNN, or base"
         )
     best = json.loads((checkpoints[-1] / "state.json").read_text()).get("best")
-    if best and Path(best[1]).exists():
-        return Path(best[1])
+    if best:
+        named = path / "checkpoints" / Path(best[1]).name  # a name (older runs: a path; its name is the same)
+        if (named / "state.json").exists():
+            return named
     return checkpoints[-1]
 
 
@@ -72,18 +76,21 @@ def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderT
         chat = models.get(spec)
         return AgentUnderTest(chat, None, "base", models)
     path = resolve_checkpoint(Path(checkpoint_or_base))
-    spec = model or load_config(path.parent.parent / "config.yaml", TrainConfig).model
+    run_config = path.parent.parent / "config.yaml"
+    if model is None and not run_config.exists():
+        raise FileNotFoundError(f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)")
+    spec = model or load_config(run_config, TrainConfig).model
     base = models.get(spec)
     if checkpoint.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
         agent = load_backend(spec)
         checkpoint.load_weights(agent, path, "agent")
-        return AgentUnderTest(agent, None, str(path), models)
+        return AgentUnderTest(agent, None, str(path), models, json.loads((path / "state.json").read_text())["step"])
     base.add_adapter("agent", str(checkpoint.adapter_path(path / "adapters", "agent")))
-    return AgentUnderTest(base, "agent", str(path), models)
+    return AgentUnderTest(base, "agent", str(path), models, json.loads((path / "state.json").read_text())["step"])
 
 
 def simulator_seed(panel_seed: int, simulator_id: str) -> int:
-    return panel_seed * 1_000_003 + zlib.crc32(simulator_id.encode()) % 1_000_003
+    return (panel_seed * 1_000_003 + zlib.crc32(simulator_id.encode())) % 2**31
 
 
 def panel_tasks(env, panel: Panel, count: int) -> list:
@@ -95,13 +102,17 @@ def panel_tasks(env, panel: Panel, count: int) -> list:
 def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env, tasks_per_simulator: int | None = None) -> list[Episode]:
     """Every episode of one panel simulator."""
     cfg = entry.simulator
-    if "id" in type(cfg).model_fields:
-        cfg = cfg.model_copy(update={"id": entry.id})
+    seed = simulator_seed(panel.seed, entry.id)
+    # The panel's seed reaches every random choice: the simulator's own (VS draws, rotation order) too.
+    update = {"id": entry.id, "seed": seed}
+    if "sampling" in type(cfg).model_fields and cfg.sampling.seed is None:
+        update["sampling"] = cfg.sampling.model_copy(update={"seed": seed})  # VS generation seeds from it
+    cfg = cfg.model_copy(update={k: v for k, v in update.items() if k in type(cfg).model_fields})
     simulator = build_simulator(cfg, agent.models)
     simulator.simulator_id = entry.id
     seat = Seat(model=agent.chat, sampling=panel.agent_sampling, adapter=agent.adapter, trainable=True)  # streams carry entropies
     rollout = RolloutConfig(group_size=panel.samples_per_task, max_concurrent=panel.max_concurrent,
-                            seed=simulator_seed(panel.seed, entry.id), on_turn_limit="continue", progress=False)
+                            seed=seed, on_turn_limit="continue", progress=False)
     return RolloutEngine(env, seat, simulator, rollout).run(panel_tasks(env, panel, tasks_per_simulator or panel.tasks_per_simulator))
 
 
@@ -121,6 +132,7 @@ def score(episodes: Sequence[Episode], coverage: Coverage | None, seed: int) -> 
     sample as a failure of its task."""
     completed = [e for e in episodes if e.status == EpisodeStatus.COMPLETED and AGENT in e.rewards]
     rewards = [e.rewards[AGENT] for e in completed]
+    tasks = [(e.simulator_id, e.task_id) for e in completed]  # the bootstrap resamples tasks, not samples
     by_task: dict[tuple, list[bool]] = defaultdict(list)
     for e in episodes:
         by_task[(e.simulator_id, e.task_id)].append(e.status == EpisodeStatus.COMPLETED and e.rewards.get(AGENT, 0.0) > 0)
@@ -132,8 +144,8 @@ def score(episodes: Sequence[Episode], coverage: Coverage | None, seed: int) -> 
         "completed": count[EpisodeStatus.COMPLETED],
         "failed": count[EpisodeStatus.FAILED],
         "truncated": count[EpisodeStatus.TRUNCATED],
-        "reward": mean_with_ci(rewards, seed=seed),
-        "success": mean_with_ci([float(r > 0) for r in rewards], seed=seed),
+        "reward": mean_with_ci(rewards, seed=seed, groups=tasks),
+        "success": mean_with_ci([float(r > 0) for r in rewards], seed=seed, groups=tasks),
         "pass_k": pass_hat_k_curve([(sum(v), len(v)) for v in by_task.values()]),
         "policy_entropy": sum(entropies) / len(entropies) if entropies else None,
         "agent_tokens": len(entropies),
@@ -171,6 +183,7 @@ def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], Non
     heldout_ids = [s.id for s in panel.simulators if not s.training]
     return {
         "agent": agent.label,
+        "step": agent.step,
         "panel": panel.name,
         "split": panel.split,
         "seed": panel.seed,

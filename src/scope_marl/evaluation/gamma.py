@@ -16,6 +16,7 @@ probability, so both sides use the same plug-in estimator on M draws.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -68,11 +69,17 @@ def reply_stats(replies: Sequence[str]) -> dict:
             "entropy": float(-(probs * np.log(probs)).sum()), "zipf_slope": slope}
 
 
-def sample_plain(simulator: Simulator, state: SimulatorTurn, m: int, batch: int = 64) -> list[str]:
+def sample_plain(simulator: Simulator, state: SimulatorTurn, m: int, seed: int, batch: int = 64) -> list[str]:
+    """M replies in batches, each batch with its own seed (reproducible, and never the same batch twice)."""
     out: list[str] = []
+    seat = getattr(simulator, "seat", None)
     while len(out) < m:
+        if seat is not None:
+            simulator.seat = dataclasses.replace(seat, sampling=seat.sampling.model_copy(update={"seed": seed * 1_000_003 + len(out)}))
         replies = simulator.respond([state] * min(batch, m - len(out)))
         out += [str(r.reply if isinstance(r, Response) else r) for r in replies]
+    if seat is not None:
+        simulator.seat = seat
     return out
 
 
@@ -111,7 +118,7 @@ def diagnose_gamma(cfg: SimulatorConfig, env: Environment, states: int = 4, samp
     rows = []
     for i, state in enumerate(dialogue_states(env, states, seed)):
         log(f"state {i + 1}/{states}: {samples} plain replies, {vs_calls} VS calls")
-        plain = reply_stats(sample_plain(plain_sim, state, samples))
+        plain = reply_stats(sample_plain(plain_sim, state, samples, seed * 1_000 + i))
         vs = reply_stats(sample_vs(vs_sim, state, samples, vs_calls, seed + i))
         ratio = plain["entropy"] / vs["entropy"] if vs["entropy"] > 0 else None
         rows.append({"state": i, "task": state.task.task_id, "opener": state.context[-1].content if len(state.context) > 1 else "",

@@ -50,6 +50,10 @@ class Panel(Section):
         duplicated = sorted({i for i in ids if ids.count(i) > 1})
         if duplicated:
             raise ValueError(f"simulator ids must be distinct, repeated: {duplicated}")
+        for i, s in enumerate(self.simulators):
+            unknown = sorted(set(s.env) - set(type(self.env).model_fields))
+            if unknown:
+                raise ValueError(f"simulators.{i}.env: unknown field(s) {unknown}; allowed: {', '.join(type(self.env).model_fields)}")
         return self
 
     def with_training(self, ids: set[str]) -> Panel:

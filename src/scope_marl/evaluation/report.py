@@ -94,8 +94,9 @@ def final_evaluation(run_dir: Path) -> dict | None:
 
 def collapse_series(records: list[dict], final: dict | None = None) -> list[dict]:
     """Points for :func:`plot_collapse` from metrics lines: training-simulator reward, held-out reward
-    (on evaluation steps, with its interval) and the policy entropy the learner measured. A run
-    evaluated only after training (``final``, e.g. the demo) gets its held-out point at the last step."""
+    (on evaluation steps, with its interval) and the policy entropy the learner measured. A separate
+    evaluation of one checkpoint (``final``: ``scope eval`` into RUN_DIR/eval, or the demo's) adds its
+    held-out point at the step that checkpoint was saved, where periodic evaluation left none."""
     points = []
     for r in records:
         held = (r.get("eval") or {}).get("heldout", {}).get("reward", {})
@@ -107,9 +108,10 @@ def collapse_series(records: list[dict], final: dict | None = None) -> list[dict
             "heldout_reward_high": held.get("high"),
             "policy_entropy": (r.get("train_agent") or {}).get("entropy"),
         })
-    if final and points and points[-1]["heldout_reward"] is None:
+    at = [p for p in points if final and p["step"] == final.get("step") and p["heldout_reward"] is None]
+    if at:
         held = final["heldout"]["reward"]
-        points[-1].update(heldout_reward=held["mean"], heldout_reward_low=held["low"], heldout_reward_high=held["high"])
+        at[0].update(heldout_reward=held["mean"], heldout_reward_low=held["low"], heldout_reward_high=held["high"])
     return points
 
 
@@ -120,7 +122,9 @@ def load_runs(paths: list[Path]) -> dict[str, dict]:
         if not records and evaluation is None:
             raise FileNotFoundError(f"{path} has neither metrics.jsonl (a scope train run) nor eval.json (a scope eval output)")
         name = path.name if path.name not in runs else str(path)
-        runs[name] = {"path": str(path), "records": records, "evaluation": evaluation}
+        final = path / "eval" / "eval.json"
+        runs[name] = {"path": str(path), "records": records, "evaluation": evaluation,
+                      "final": json.loads(final.read_text()) if final.exists() else None}
     return runs
 
 
@@ -185,7 +189,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "Simu
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs([Path(p) for p in run_dirs])
-    series = {name: collapse_series(run["records"], run["evaluation"]) for name, run in runs.items() if run["records"]}
+    series = {name: collapse_series(run["records"], run["final"]) for name, run in runs.items() if run["records"]}
     plot_collapse(series, out / "collapse.png", title)
     plot_heldout_bars(runs, out / "heldout.png")
     (out / "report.md").write_text(report_markdown(runs))

@@ -12,33 +12,44 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0,
+                 groups: Sequence | None = None) -> tuple[float, float]:
     """Percentile bootstrap interval for the mean of ``values``.
 
-    Resample the values with replacement ``n_resamples`` times, take each resample's mean, and
-    return the (1 - confidence) / 2 and (1 + confidence) / 2 quantiles of those means. One value
-    gives a zero-width interval; no values give (nan, nan).
+    Resample with replacement ``n_resamples`` times, take each resample's mean, and return the
+    (1 - confidence) / 2 and (1 + confidence) / 2 quantiles of those means. With ``groups`` (one
+    key per value, e.g. the task), whole groups are resampled: several samples of one task are
+    correlated, and resampling them one by one would make the interval too narrow. One value (or
+    group) gives a zero-width interval; no values give (nan, nan).
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     x = np.asarray(list(values), dtype=float)
     if x.size == 0:
         return (math.nan, math.nan)
-    if x.size == 1:
-        return (float(x[0]), float(x[0]))
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    keys = list(groups) if groups is not None else list(range(x.size))
+    if len(keys) != x.size:
+        raise ValueError(f"{x.size} values but {len(keys)} group keys")
+    index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    which = np.array([index[k] for k in keys])
+    sums, counts = np.bincount(which, weights=x), np.bincount(which).astype(float)
+    if len(sums) == 1:
+        mean = float(sums[0] / counts[0])
+        return (mean, mean)
+    rng = np.random.default_rng(seed & 0xFFFFFFFF)  # any int seed, negative ones included
+    picks = rng.integers(0, len(sums), size=(n_resamples, len(sums)))
+    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return (float(low), float(high))
 
 
-def mean_with_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0) -> dict:
-    """``{"mean", "low", "high", "n"}`` for a table cell (None for no values)."""
+def mean_with_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0, groups: Sequence | None = None) -> dict:
+    """``{"mean", "low", "high", "n"}`` for a table cell (None for no values); ``groups`` as in :func:`bootstrap_ci`."""
     values = [float(v) for v in values]
     if not values:
         return {"mean": None, "low": None, "high": None, "n": 0}
-    low, high = bootstrap_ci(values, confidence, seed=seed)
+    low, high = bootstrap_ci(values, confidence, seed=seed, groups=groups)
     return {"mean": sum(values) / len(values), "low": low, "high": high, "n": len(values)}
 
 

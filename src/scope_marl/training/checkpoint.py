@@ -87,7 +87,8 @@ def restore_rng(rng: dict) -> None:
     torch.set_rng_state(rng["torch"])
 
 
-def prune(run_dir: Path, keep_last: int, best: Path | None) -> None:
+def prune(run_dir: Path, keep_last: int, best: str | None) -> None:
+    """Delete all but the last ``keep_last`` checkpoints and the one named ``best`` (a folder name)."""
     for path in list_checkpoints(run_dir)[:-keep_last]:
-        if best is None or path.resolve() != best.resolve():
+        if path.name != best:
             shutil.rmtree(path)

@@ -32,10 +32,15 @@ class TensorBoardWriter:
                 "tensorboard: true needs the tensorboard package; install it with pip install 'scope-marl[tensorboard]' "
                 "(or set tensorboard: false)"
             ) from None
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self._make = lambda first_step: SummaryWriter(log_dir=str(log_dir), purge_step=first_step)
+        self.writer = None
 
     def write(self, record: dict) -> None:
         step = record["step"]
+        if self.writer is None:
+            # Opened at the first step written: after a resume, TensorBoard drops the events the
+            # killed run wrote past the checkpoint (they are played again), as metrics.jsonl does.
+            self.writer = self._make(step)
         for tag, value in flatten({k: v for k, v in record.items() if k != "step"}).items():
             self.writer.add_scalar(tag, value, global_step=step)
         self.writer.flush()

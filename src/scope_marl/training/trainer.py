@@ -75,6 +75,8 @@ class Trainer:
             else:
                 self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, LearnerConfig(**fields))
         self.models = models
+        if cfg.eval.every:
+            self.eval_panel()  # a bad eval.panel fails now, not after the first N training steps
         self.recorder = RolloutRecorder(self.run_dir / "rollouts")
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.tensorboard = TensorBoardWriter(self.run_dir / "tensorboard") if cfg.tensorboard else None
@@ -146,7 +148,8 @@ class Trainer:
         held_out = record.get("eval", {}).get("reward_agent")
         if held_out is not None and (self.best is None or held_out > self.best[0]):
             # The best held-out agent so far gets a checkpoint of its own, kept beside the last N.
-            self.best = (held_out, str(checkpoint.checkpoint_dir(self.run_dir, self.step)))
+            # Stored as the folder name, so a moved run or a resume from another directory still finds it.
+            self.best = (held_out, checkpoint.checkpoint_dir(self.run_dir, self.step).name)
             self.save()
         elif self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
             self.save()
@@ -170,22 +173,21 @@ class Trainer:
         ``eval.group_size`` samples each. A panel simulator with the training simulator's id is
         marked as training, so the held-out aggregate leaves it out."""
         e = self.cfg.eval
-        fields = {"env": self.cfg.env, "split": "test", "tasks_per_simulator": e.tasks, "samples_per_task": e.group_size,
+        fields = {"env": self.cfg.env, "split": e.split, "tasks_per_simulator": e.tasks, "samples_per_task": e.group_size,
                   "seed": self.cfg.seed, "agent_sampling": self.cfg.agent_sampling, "max_concurrent": self.cfg.rollout.max_concurrent}
         if e.panel is not None:
             panel = load_panel(e.panel).model_copy(update=fields)
         else:
             sim_id = getattr(e.simulator, "id", None) or "heldout"
             panel = Panel(name="heldout", simulators=[{"id": sim_id, "simulator": e.simulator}], **fields)
-        training_id = getattr(self.cfg.simulator, "id", None)
-        return panel.with_training({training_id} if training_id else set())
+        return panel.with_training(training_ids(panel, self.cfg.simulator))
 
     def evaluate(self, panel: Panel | None = None, log=lambda _: None) -> dict:
         """The agent against a panel of held-out simulators on a fixed, seeded subset of the test split.
 
         Builds its own engines: the training cursor and the training engine's counters never move.
         """
-        agent = AgentUnderTest(self.agent_chat, self.agent_adapter, f"step {self.step}", self.models)
+        agent = AgentUnderTest(self.agent_chat, self.agent_adapter, f"step {self.step}", self.models, self.step)
         return evaluate_panel(panel or self.eval_panel(), agent, log=log)
 
     # ---- population --------------------------------------------------------------------------
@@ -238,7 +240,7 @@ class Trainer:
         path = checkpoint.save(self.run_dir, self.step, self.chat, adapters,
                                {role: l.optimizer for role, l in self.learners.items()}, state, engine_state,
                                weights={ADAPTERS[AGENT]: self.agent_chat} if self.full else None)
-        checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]) if self.best else None)
+        checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]).name if self.best else None)
         return path
 
     @classmethod
@@ -274,6 +276,15 @@ class Trainer:
             return
         lines = [l for l in self.metrics_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= self.step]
         self.metrics_path.write_text("".join(l + "\n" for l in lines))
+
+
+def training_ids(panel: Panel, simulator) -> set[str]:
+    """Panel entries that are the training simulator (or one of its rotation members): the same id,
+    or the same settings under another id."""
+    members = list(getattr(simulator, "members", [])) + [simulator]
+    ids = {m.id for m in members if getattr(m, "id", None)}
+    settings = [m.model_dump(exclude={"id"}) for m in members]
+    return {s.id for s in panel.simulators if s.id in ids or s.simulator.model_dump(exclude={"id"}) in settings}
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
