@@ -229,3 +229,12 @@ def test_a_bad_eval_panel_fails_when_training_starts(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="built-in: api, offline"):
         start(TrainConfig.model_validate(cfg), tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_an_eval_panel_whose_env_overrides_do_not_fit_the_run_fails_at_start(tiny_model_dir, tmp_path):
+    from scope_marl.config import ConfigError
+
+    # The offline panel's busy-hot entry overrides the P4G field `source`; this run plays say_the_word.
+    cfg = config(tiny_model_dir, eval={"every": 1, "panel": "offline"})
+    with pytest.raises(ConfigError, match=r"does not fit this run's env \(say_the_word\)[\s\S]*simulators\.3\.env: .*\['source'\]"):
+        start(TrainConfig.model_validate(cfg), tmp_path / "run")

@@ -2,11 +2,12 @@
 
 One base model holds every policy as a LoRA adapter: ``agent`` always, ``simulator`` in
 co-training. The frozen KL reference is the base with adapters disabled. With ``finetune: full``
-the agent is a separate full copy of the model instead, and the untouched base is its reference. Each step reads the next
-``tasks_per_step`` training tasks from a cursor (a seeded shuffle per pass over the split), plays
-``group_size`` rollouts per task, and updates each role in ``trainable_roles`` on its own streams
-and reward. Evaluation plays a fixed, seeded subset of the *test* split against a held-out simulator
-with its own engine, so it never moves the training cursor or the training engine's counters.
+the agent is a separate full copy of the model instead, and the untouched base is its reference.
+Each step reads the next ``tasks_per_step`` training tasks from a cursor (a seeded shuffle per pass
+over the split), plays ``group_size`` rollouts per task, and updates each role in
+``trainable_roles`` on its own streams and reward. Evaluation plays a panel of held-out simulators
+on a fixed, seeded subset of the test split (``eval.split``) with its own engines, so it never
+moves the training cursor or the training engine's counters.
 Population co-training snapshots the simulator adapter into a :class:`SimulatorPool` every N steps
 and loads a drawn member into the simulator adapter before each rollout.
 """
@@ -169,21 +170,30 @@ class Trainer:
 
     def eval_panel(self) -> Panel:
         """The panel periodic evaluation plays: ``eval.panel`` (or the single ``eval.simulator``), on
-        this run's environment, agent sampling and seed, ``eval.tasks`` test tasks per simulator and
-        ``eval.group_size`` samples each. A panel simulator with the training simulator's id is
-        marked as training, so the held-out aggregate leaves it out."""
+        this run's environment, agent sampling and seed, ``eval.tasks`` tasks of ``eval.split`` per
+        simulator and ``eval.group_size`` samples each. Panel entries that are the training simulator
+        (same id, or same settings) are marked as training, so the held-out aggregate leaves them out."""
+        from pydantic import ValidationError
+
+        from scope_marl.config import ConfigError, explain
+
         e = self.cfg.eval
         fields = {"env": self.cfg.env, "split": e.split, "tasks_per_simulator": e.tasks, "samples_per_task": e.group_size,
                   "seed": self.cfg.seed, "agent_sampling": self.cfg.agent_sampling, "max_concurrent": self.cfg.rollout.max_concurrent}
+        fields = {k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in fields.items()}
         if e.panel is not None:
-            panel = load_panel(e.panel).model_copy(update=fields)
+            data = {**load_panel(e.panel).model_dump(mode="json"), **fields}
         else:
-            sim_id = getattr(e.simulator, "id", None) or "heldout"
-            panel = Panel(name="heldout", simulators=[{"id": sim_id, "simulator": e.simulator}], **fields)
+            data = {"name": "heldout", "simulators": [{"id": getattr(e.simulator, "id", None) or "heldout",
+                                                        "simulator": e.simulator.model_dump(mode="json")}], **fields}
+        try:  # validated again on this run's env: a panel entry's env overrides must fit it
+            panel = Panel.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(f"eval.panel {e.panel!r} does not fit this run's env ({self.cfg.env.name}):\n" + explain(err, Panel)) from None
         return panel.with_training(training_ids(panel, self.cfg.simulator))
 
     def evaluate(self, panel: Panel | None = None, log=lambda _: None) -> dict:
-        """The agent against a panel of held-out simulators on a fixed, seeded subset of the test split.
+        """The agent against a panel of held-out simulators on a fixed, seeded subset of ``eval.split``.
 
         Builds its own engines: the training cursor and the training engine's counters never move.
         """
