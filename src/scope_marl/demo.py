@@ -73,7 +73,8 @@ def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print
     out.mkdir(parents=True, exist_ok=True)
     log(f"writing the demo to {out}")
     panel = demo_panel(panel)
-    for arm in arms or list(ARMS):
+    arms = arms or list(ARMS)
+    for arm in arms:
         started = time.perf_counter()
         log(f"[{arm}] training {steps} steps")
         trainer = start(arm_config(arm, steps, model), out / arm)
@@ -81,4 +82,4 @@ def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print
         log(f"[{arm}] evaluating on the {panel.name} panel ({len(panel.simulators)} held-out simulators)")
         write_results(trainer.evaluate(panel, log=lambda m, arm=arm: log(f"[{arm}] {m}")), out / arm / "eval")
         log(f"[{arm}] done in {time.perf_counter() - started:.0f}s")
-    return write_report([out / arm for arm in arms or list(ARMS)], out, title="scope demo: agent trained a few steps per arm")
+    return write_report([out / arm for arm in arms], out, title="scope demo: agent trained a few steps per arm")

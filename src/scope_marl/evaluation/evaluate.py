@@ -93,13 +93,14 @@ def simulator_seed(panel_seed: int, simulator_id: str) -> int:
     return (panel_seed * 1_000_003 + zlib.crc32(simulator_id.encode())) % 2**31
 
 
-def panel_tasks(env, panel: Panel, count: int) -> list:
+def panel_tasks(env, panel: Panel) -> list:
+    """A seeded shuffle of the panel's split, first ``tasks_per_simulator`` tasks."""
     tasks = list(env.tasks(panel.split))
     random.Random(panel.seed).shuffle(tasks)
-    return tasks[:count]
+    return tasks[: panel.tasks_per_simulator]
 
 
-def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env, tasks_per_simulator: int | None = None) -> list[Episode]:
+def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env) -> list[Episode]:
     """Every episode of one panel simulator."""
     cfg = entry.simulator
     seed = simulator_seed(panel.seed, entry.id)
@@ -113,7 +114,7 @@ def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env, tasks_
     seat = Seat(model=agent.chat, sampling=panel.agent_sampling, adapter=agent.adapter, trainable=True)  # streams carry entropies
     rollout = RolloutConfig(group_size=panel.samples_per_task, max_concurrent=panel.max_concurrent,
                             seed=seed, on_turn_limit="continue", progress=False)
-    return RolloutEngine(env, seat, simulator, rollout).run(panel_tasks(env, panel, tasks_per_simulator or panel.tasks_per_simulator))
+    return RolloutEngine(env, seat, simulator, rollout).run(panel_tasks(env, panel))
 
 
 def agent_turns(episodes: Sequence[Episode]) -> tuple[list[str], list[str]]:
@@ -166,20 +167,24 @@ def build_coverage(panel: Panel, env, episodes: Sequence[Episode]) -> Coverage |
     return coverage
 
 
-def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print,
-                   tasks_per_simulator: int | None = None) -> dict:
-    """Play the whole panel and score it; ``tasks_per_simulator`` overrides the panel's (periodic evaluation)."""
+def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print) -> dict:
+    """Play the whole panel and score it."""
     envs: dict[str, object] = {}
+
+    def env_for(cfg):
+        """One environment per distinct config (simulators' env overrides may differ)."""
+        key = cfg.model_dump_json()
+        if key not in envs:
+            envs[key] = build_env(cfg)
+        return envs[key]
+
     played: dict[str, list[Episode]] = {}
     for entry in panel.simulators:
-        env_cfg = type(panel.env).model_validate({**panel.env.model_dump(), **entry.env})
-        key = env_cfg.model_dump_json()
-        if key not in envs:
-            envs[key] = build_env(env_cfg)
+        env = env_for(type(panel.env).model_validate({**panel.env.model_dump(), **entry.env}))
         log(f"evaluating {agent.label} against {entry.id}")
-        played[entry.id] = play(panel, entry, agent, envs[key], tasks_per_simulator)
+        played[entry.id] = play(panel, entry, agent, env)
     all_episodes = [e for eps in played.values() for e in eps]
-    coverage = build_coverage(panel, build_env(panel.env), all_episodes)
+    coverage = build_coverage(panel, env_for(panel.env), all_episodes)
     heldout_ids = [s.id for s in panel.simulators if not s.training]
     return {
         "agent": agent.label,

@@ -122,9 +122,9 @@ def load_runs(paths: list[Path]) -> dict[str, dict]:
         if not records and evaluation is None:
             raise FileNotFoundError(f"{path} has neither metrics.jsonl (a scope train run) nor eval.json (a scope eval output)")
         name = path.name if path.name not in runs else str(path)
-        final = path / "eval" / "eval.json"
-        runs[name] = {"path": str(path), "records": records, "evaluation": evaluation,
-                      "final": json.loads(final.read_text()) if final.exists() else None}
+        # final_evaluation reads eval/eval.json first when it exists: that is the separate evaluation.
+        final = evaluation if (path / "eval" / "eval.json").exists() else None
+        runs[name] = {"path": str(path), "records": records, "evaluation": evaluation, "final": final}
     return runs
 
 

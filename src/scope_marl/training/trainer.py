@@ -240,7 +240,8 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def _saved_adapters(self) -> list[str]:
         """Adapters a checkpoint holds: every trained one, and the agent's whenever it is an adapter."""
-        return sorted({ADAPTERS[r] for r in self.learners if not (r == AGENT and self.full)} | ({ADAPTERS[AGENT]} if not self.full else set()))
+        names = {ADAPTERS[r] for r in self.learners} | {ADAPTERS[AGENT]}
+        return sorted(names - {ADAPTERS[AGENT]} if self.full else names)
 
     def save(self) -> Path:
         adapters = self._saved_adapters()
