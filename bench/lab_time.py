@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scope_marl.envs.lab.runner import format_table, run_lab
+from scope_marl.lab import format_table, run_lab
 
 
 def result_line(results: dict, seconds: float) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scope_marl.demo import ARMS, arm_config, demo_panel
 from scope_marl.evaluation.report import write_report
-from scope_marl.training.trainer import start
+from scope_marl.experiment import start
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from scope_marl.backends.base import BackendError, SamplingParams
 from scope_marl.backends import embedded
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 pytestmark = pytest.mark.slow
 

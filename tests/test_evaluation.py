@@ -16,7 +16,7 @@ from scope_marl.evaluation.diversity import Coverage, distinct_n, first_sentence
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel, markdown
 from scope_marl.evaluation.panel import Panel, builtin_panels, load_panel
 from scope_marl.evaluation.stats import bootstrap_ci, pass_hat_k, pass_hat_k_curve
-from scope_marl.rollout.factory import ModelPool
+from scope_marl.assembly import ModelCache
 
 
 # ---- statistics ----------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_builtin_panels_load_and_mark_nothing_as_training():
 def test_panel_errors_name_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("simulators:\n  - id: a\n    simulator: {mode: frozen, model: embedded}\n    trainig: true\n")
-    with pytest.raises(ConfigError, match=r"simulators\.0\.trainig: unknown field; allowed fields here: id, training"):
+    with pytest.raises(ConfigError, match=r"simulators\[0\]\.trainig: unknown field .*allowed fields here: id, training"):
         load_panel(bad)
     dup = tmp_path / "dup.yaml"
     dup.write_text("simulators:\n  - {id: a, simulator: {mode: frozen}}\n  - {id: a, simulator: {mode: frozen}}\n")
@@ -131,7 +131,7 @@ def scripted_panel(**overrides) -> Panel:
 
 @pytest.fixture
 def agent(tiny_chat):
-    return AgentUnderTest(tiny_chat, None, "tiny", ModelPool())
+    return AgentUnderTest(tiny_chat, None, "tiny", ModelCache())
 
 
 def test_held_out_aggregate_excludes_training_simulators(agent):
@@ -155,7 +155,7 @@ def test_policy_entropy_equals_a_hand_computed_value(agent, tiny_chat):
                            tasks_per_simulator=1, samples_per_task=1, agent_sampling={"temperature": 0.8, "max_new_tokens": 5})
     from scope_marl.envs import AGENT
     from scope_marl.evaluation.evaluate import play
-    from scope_marl.rollout.factory import build_env
+    from scope_marl.assembly import build_env
 
     env = build_env(panel.env)
     (episode,) = play(panel, panel.simulators[0], agent, env)
@@ -198,8 +198,9 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
 
     from scope_marl.cli import app
     from scope_marl.config import TrainConfig
-    from scope_marl.evaluation.evaluate import load_agent, resolve_checkpoint
-    from scope_marl.training.trainer import start
+    from scope_marl.core.run_layout import resolve_checkpoint
+    from scope_marl.evaluation.evaluate import load_agent
+    from scope_marl.experiment import start
 
     model = f"hf:{tiny_model_dir}"
     panel = tmp_path / "panel.yaml"
@@ -329,7 +330,7 @@ def test_collapse_series_puts_a_separate_evaluation_at_its_checkpoint_step():
 
 def test_training_simulators_are_marked_by_id_or_by_settings():
     from scope_marl.config import parse_simulator_spec
-    from scope_marl.training.trainer import training_ids
+    from scope_marl.evaluation.periodic import training_ids
 
     panel = Panel.model_validate({"simulators": [
         {"id": "same-settings", "simulator": {"mode": "frozen", "model": "scripted:a"}},

@@ -9,7 +9,7 @@ import torch
 
 from scope_marl.backends.base import BackendError, SamplingParams
 from scope_marl.backends.hf import HFChatModel
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 PROMPTS = [
     [Message(role="user", content="Hi")],

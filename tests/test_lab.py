@@ -12,11 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from scope_marl.envs.lab import runner
-from scope_marl.envs.lab.episodes import play
-from scope_marl.envs.lab.exact import best_policy, expected_reward, played_weights
-from scope_marl.envs.lab.p4g import FITTED, p4g_game
-from scope_marl.envs.lab.panel import (
+from scope_marl.config import ConfigError
+from scope_marl.evaluation.stats import t_interval
+from scope_marl.lab import arms, loop, report
+from scope_marl.lab import run as lab_run
+from scope_marl.lab.games import load_game
+from scope_marl.lab.episodes import play
+from scope_marl.lab.games.exact import best_policy, expected_reward, played_weights
+from scope_marl.lab.games.p4g import FITTED, p4g_game
+from scope_marl.lab.panel import (
     HELDOUT_PANEL,
     VALIDATION_PANEL,
     PanelError,
@@ -24,8 +28,8 @@ from scope_marl.envs.lab.panel import (
     load_panel,
     persona_weights,
 )
-from scope_marl.envs.lab.policy import StrategyPolicy
-from scope_marl.envs.lab.simulators import (
+from scope_marl.lab.policy import StrategyPolicy
+from scope_marl.lab.simulators import (
     ActTurn,
     FrozenActs,
     PopulationActs,
@@ -36,7 +40,7 @@ from scope_marl.envs.lab.simulators import (
     entropy_nats,
     sharpen,
 )
-from scope_marl.envs.lab.theory import theory_game
+from scope_marl.lab.games.theory import theory_game
 from scope_marl.simulators.candidates import Candidate, draw_candidate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +56,13 @@ def one_thread():
 
 @pytest.fixture(scope="module", params=["theory", "p4g"])
 def game(request):
-    return runner.load_game(request.param)
+    return load_game(request.param)
 
 
-def tiny(game_name: str, **overrides) -> runner.Settings:
+def tiny(game_name: str, **overrides) -> arms.Settings:
     """Settings small enough for a unit test (seconds for all arms)."""
     fields = {"steps": 6, "eval_every": 3, "eval_groups": 4, "eval_group_size": 4, "groups": 4, "group_size": 4, "pool_every": 2}
-    return runner.with_settings(game_name, **{**fields, **overrides})
+    return arms.with_settings(game_name, **{**fields, **overrides})
 
 
 def context(game, n: int, seed: int = 0, **fixed) -> ActTurn:
@@ -74,13 +78,9 @@ def context(game, n: int, seed: int = 0, **fixed) -> ActTurn:
 
 
 def test_lab_uses_the_shared_simulator_and_loss_classes():
-    from scope_marl.envs.lab import simulators as lab_simulators
-    from scope_marl.envs.lab.runner import (
-        Rotation,
-        SimulatorPool,
-        group_advantages,
-        policy_loss,
-    )
+    from scope_marl.lab import simulators as lab_simulators
+    from scope_marl.lab.arms import Rotation, SimulatorPool
+    from scope_marl.lab.loop import group_advantages, policy_loss
     from scope_marl.simulators import base, candidates, pool, rotation
     from scope_marl.training import losses
 
@@ -201,7 +201,7 @@ def test_trainable_simulator_starts_as_the_simulator_it_copies():
 
 def test_rotation_gives_every_group_one_member_round_robin():
     game = theory_game()
-    rotation = runner.opponent("rotation", game, runner.SETTINGS["theory"], 0, Path(".")).simulator
+    rotation = arms.opponent("rotation", game, arms.SETTINGS["theory"], 0, Path(".")).simulator
     gen = torch.Generator().manual_seed(0)
     d = play(game, StrategyPolicy(game), rotation, torch.zeros(6, dtype=torch.long), 5, gen, first_group=12)
     assert d.simulators == ["llm-0", "llm-1", "llm-2"] * 2
@@ -211,7 +211,7 @@ def test_rotation_gives_every_group_one_member_round_robin():
 def test_population_arm_snapshots_distinct_members_into_the_pool(tmp_path):
     game = theory_game()
     s = tiny("theory", steps=8, pool_every=2, pool_size=3)
-    opp = runner.opponent("population", game, s, seed=0, workdir=tmp_path)
+    opp = arms.opponent("population", game, s, seed=0, workdir=tmp_path)
     assert len(opp.pool) == 1 and opp.pool.members[0].pinned
     policy = StrategyPolicy(game)
     optimizer = torch.optim.Adam(policy.parameters(), lr=s.lr)
@@ -220,8 +220,8 @@ def test_population_arm_snapshots_distinct_members_into_the_pool(tmp_path):
     for step in range(s.steps):
         d = play(game, policy, opp.simulator, torch.zeros(s.groups, dtype=torch.long), s.group_size, gen, first_group=step * s.groups)
         assert all(sim.startswith("pool:m") for sim in d.simulators)
-        runner.update_agent(policy, optimizer, d, s)
-        runner.update_simulator(opp.trainable, sim_optimizer, d, s)
+        loop.update_agent(policy, optimizer, d, s)
+        loop.update_simulator(opp.trainable, sim_optimizer, d, s)
         if (step + 1) % s.pool_every == 0:
             opp.pool.add(opp.trainable.save(tmp_path / f"staging-{step}"), step=step + 1)
     members = opp.pool.members
@@ -234,11 +234,11 @@ def test_population_arm_snapshots_distinct_members_into_the_pool(tmp_path):
 
 def test_updates_are_on_policy_at_the_first_step():
     game = theory_game()
-    s = runner.SETTINGS["theory"]
+    s = arms.SETTINGS["theory"]
     policy = StrategyPolicy(game)
     gen = torch.Generator().manual_seed(0)
     d = play(game, policy, FrozenActs.sharpened(game, 4.0, 0.0), torch.zeros(8, dtype=torch.long), 8, gen)
-    stats = runner.update_agent(policy, torch.optim.Adam(policy.parameters(), lr=s.lr), d, s)
+    stats = loop.update_agent(policy, torch.optim.Adam(policy.parameters(), lr=s.lr), d, s)
     assert stats["on_policy_gap"] < 1e-6
     assert stats["clip_fraction"] == 0.0
 
@@ -279,7 +279,7 @@ def test_theory_game_has_the_collapse_property():
     persona ignored) is worse against humans than the untrained uniform policy, while the best
     policy against the VS-recovered simulator and against humans are better."""
     game = theory_game()
-    s = runner.SETTINGS["theory"]
+    s = arms.SETTINGS["theory"]
     human = lambda pi: float(expected_reward(game, pi, game.reply, game.weights))
     uniform = torch.full((game.turns, len(game.acts) + 1, len(game.strategies)), 1 / len(game.strategies))
     collapsed = best_policy(game, sharpen(game.reply, s.train_gamma), played_weights(game, game.weights, s.train_adherence), steps=150, lr=0.3)
@@ -295,14 +295,14 @@ def test_theory_game_has_the_collapse_property():
 # ---- training runs --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arm", runner.ARMS)
+@pytest.mark.parametrize("arm", arms.ARMS)
 def test_every_arm_runs_on_both_games_with_finite_numbers(game, arm):
     s = tiny(game.name)
     panel = build_panel(game, load_panel(HELDOUT_PANEL))
-    run = runner.train_arm(game, arm, seed=0, s=s, panel=panel)
+    run = loop.train_arm(game, arm, seed=0, s=s, panel=panel)
     assert [p["step"] for p in run["curve"]] == [0, 3, 6]
     for point in run["curve"]:
-        for key in runner.METRICS:
+        for key in lab_run.METRICS:
             assert math.isfinite(point[key])
         assert 0.0 <= point["heldout_reward"] <= 1.0
         assert set(point["per_simulator"]) == {m.id for m in load_panel(HELDOUT_PANEL).simulators}
@@ -313,9 +313,9 @@ def test_theory_collapse_effect_on_a_small_fixed_seed_run():
     """Single-simulator RL: training reward up, held-out reward and entropy down; VS and
     co-training end above it held-out (2 seeds, shortened training)."""
     game = theory_game()
-    s = runner.with_settings("theory", steps=60, eval_every=30, eval_groups=32)
+    s = arms.with_settings("theory", steps=60, eval_every=30, eval_groups=32)
     panel = build_panel(game, load_panel(HELDOUT_PANEL))
-    runs = {arm: [runner.train_arm(game, arm, seed, s, panel) for seed in (0, 1)] for arm in ("single", "vs_prob", "cotrain")}
+    runs = {arm: [loop.train_arm(game, arm, seed, s, panel) for seed in (0, 1)] for arm in ("single", "vs_prob", "cotrain")}
     mean = lambda arm, where, key: sum(r[where][key] for r in runs[arm]) / 2
     assert mean("single", "final", "train_reward") > mean("single", "start", "train_reward") + 0.1
     assert mean("single", "final", "heldout_reward") < mean("single", "start", "heldout_reward") - 0.02
@@ -325,36 +325,36 @@ def test_theory_collapse_effect_on_a_small_fixed_seed_run():
 
 
 def test_run_lab_writes_results_report_and_plot(tmp_path, monkeypatch):
-    monkeypatch.setitem(runner.SETTINGS, "theory", tiny("theory"))
+    monkeypatch.setitem(arms.SETTINGS, "theory", tiny("theory"))
     lines = []
-    results = runner.run_lab("theory", arms=["single", "vs_prob"], seeds=2, out=tmp_path, log=lines.append)
+    results = lab_run.run_lab("theory", arms=["single", "vs_prob"], seeds=2, out=tmp_path, log=lines.append)
     assert len(lines) == 4
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["results"]["vs_prob"]["heldout_vs_single"]["n"] == 2
     assert saved["settings"]["steps"] == 6
     assert "| single |" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "collapse.png").stat().st_size > 0
-    table = runner.format_table(results)
+    table = report.format_table(results)
     assert "vs_prob" in table and "held-out - single" in table and "vs_prob vs single" in table
     with pytest.raises(ValueError, match="unknown arm"):
-        runner.run_lab("theory", arms=["single", "sft"], seeds=1, out=tmp_path)
+        lab_run.run_lab("theory", arms=["single", "sft"], seeds=1, out=tmp_path)
     with pytest.raises(ValueError, match="unknown lab game"):
-        runner.run_lab("tau2", seeds=1, out=tmp_path)
+        lab_run.run_lab("tau2", seeds=1, out=tmp_path)
 
 
 def test_runs_are_reproducible_and_custom_panels_are_used(tmp_path, monkeypatch):
     game = theory_game()
     panel = build_panel(game, load_panel(write(tmp_path, "simulators:\n  - {id: human}\n  - {id: vs, gamma: 4, adherence: 0, vs: {method: random}}\n")))
-    first, second = (runner.train_arm(game, "population", 3, tiny("theory"), panel) for _ in range(2))
+    first, second = (loop.train_arm(game, "population", 3, tiny("theory"), panel) for _ in range(2))
     assert first["curve"] == second["curve"]
     assert set(first["final"]["per_simulator"]) == {"human", "vs"}
-    monkeypatch.setitem(runner.SETTINGS, "theory", tiny("theory"))
-    results = runner.run_lab("theory", arms=["single"], seeds=1, panel=tmp_path / "panel.yaml", out=tmp_path / "out", log=lambda _: None)
+    monkeypatch.setitem(arms.SETTINGS, "theory", tiny("theory"))
+    results = lab_run.run_lab("theory", arms=["single"], seeds=1, panel=tmp_path / "panel.yaml", out=tmp_path / "out", log=lambda _: None)
     assert set(results["results"]["single"]["per_simulator"]) == {"human", "vs"}
 
 
 def test_interval_is_a_student_t_interval():
-    stats = runner.interval([1.0, 2.0, 3.0])
+    stats = t_interval([1.0, 2.0, 3.0])
     assert stats["mean"] == 2.0
     assert stats["high"] - 2.0 == pytest.approx(4.303 * 1.0 / math.sqrt(3))
 
@@ -368,7 +368,7 @@ def test_default_panels_load_and_are_disjoint(game):
     assert not {key(m) for m in heldout.simulators} & {key(m) for m in validation.simulators}
     assert not {m.id for m in heldout.simulators} & {m.id for m in validation.simulators}
     assert heldout.simulators[0].gamma == 1.0 and heldout.simulators[0].adherence == 1.0  # the human model
-    train = runner.SETTINGS[game.name]
+    train = arms.SETTINGS[game.name]
     trained_on = {(train.train_gamma, train.train_adherence), *train.rotation}
     assert not trained_on & {(m.gamma, m.adherence) for m in heldout.simulators + validation.simulators}
     assert len(build_panel(game, heldout)) == 6
@@ -391,7 +391,7 @@ def write(tmp_path, text: str) -> Path:
     ("simulators:\n  - {id: a, personas: everyone}\n", "simulators[0].personas", "population, modal, minority"),
 ])
 def test_panel_errors_name_the_field_and_the_fix(tmp_path, text, field, hint):
-    with pytest.raises(PanelError) as err:
+    with pytest.raises(ConfigError) as err:
         load_panel(write(tmp_path, text))
     message = str(err.value)
     assert field in message and hint in message and "Fix:" in message

@@ -7,11 +7,12 @@ import copy
 import pytest
 import torch
 
-from scope_marl.backends.base import SamplingParams
+from scope_marl.core.types import SamplingParams
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.envs import AGENT, USER, SayTheWord
-from scope_marl.rollout import RolloutConfig, RolloutEngine
-from scope_marl.seat import Seat
+from scope_marl.config import RolloutConfig
+from scope_marl.rollout import RolloutEngine
+from scope_marl.backends.seat import Seat
 from scope_marl.simulators import FrozenSimulator, TrainableSimulator
 from scope_marl.training.learner import Learner, LearnerConfig
 
@@ -103,7 +104,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(co_training):
 
 
 def test_failed_and_truncated_episodes_are_excluded_by_default(co_training):
-    from scope_marl.types import EpisodeStatus
+    from scope_marl.core.types import EpisodeStatus
 
     chat, episodes = co_training
     episodes[0].status = EpisodeStatus.FAILED

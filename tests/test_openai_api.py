@@ -13,7 +13,7 @@ import pytest
 
 from scope_marl.backends.base import BackendError, ChatModel, SamplingParams
 from scope_marl.backends.openai_api import OpenAIChatModel
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 KEY_ENV = "SCOPE_TEST_OPENAI_KEY"  # never a real key variable, so the tests cannot pick one up
 

@@ -13,10 +13,11 @@ from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues, read_par
 from scope_marl.envs.p4g.env import PersuasionForGood
 from scope_marl.envs.p4g.personas import PersonaSampler, persona_text
 from scope_marl.envs.p4g.split import check_disjoint, split_ids, stable_key
-from scope_marl.rollout import RolloutConfig, RolloutEngine, RolloutRecorder
-from scope_marl.seat import Seat
+from scope_marl.config import RolloutConfig
+from scope_marl.rollout import RolloutEngine, RolloutRecorder
+from scope_marl.backends.seat import Seat
 from scope_marl.simulators import FrozenSimulator
-from scope_marl.types import EpisodeStatus, Message
+from scope_marl.core.types import EpisodeStatus, Message
 
 CORPUS = find_corpus_dir(required=False)
 needs_corpus = pytest.mark.skipif(

@@ -7,17 +7,18 @@ import json
 import pytest
 import torch
 
-from scope_marl.backends.base import SamplingParams
+from scope_marl.core.types import SamplingParams
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.scripted import ScriptedChatModel
 from scope_marl.config import ConfigError, RolloutRunConfig, parse_simulator_spec
 from scope_marl.envs import AGENT, USER, SayTheWord
-from scope_marl.rollout import RolloutConfig, RolloutEngine, summarize
-from scope_marl.rollout.factory import ModelPool, build_simulator
-from scope_marl.seat import Seat
+from scope_marl.config import RolloutConfig
+from scope_marl.rollout import RolloutEngine, summarize
+from scope_marl.assembly import ModelCache, build_simulator
+from scope_marl.backends.seat import Seat
 from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, TrainableSimulator, persona_guided
 from scope_marl.simulators.verbalized import VerbalizedSampling, json_schema, vs_metrics
-from scope_marl.types import EpisodeStatus
+from scope_marl.core.types import EpisodeStatus
 
 AGENT_SEAT = Seat(model=ScriptedChatModel(["Say it, please."]))
 
@@ -133,7 +134,7 @@ def test_vs_draws_one_candidate_and_records_everything():
     assert [c["probability"] for c in turn["candidates"]] == pytest.approx([0.1, 0.9])
     assert turn["candidates"][turn["chosen"]]["text"] == episodes[0].messages[turn["message"]].content
     assert "JSON" in model.calls[0][0].content and '"probability"' in model.calls[0][0].content
-    metrics = summarize(episodes, 1.0, 0)["verbalized_sampling"]
+    metrics = summarize(episodes, 1.0, 0, vs)["verbalized_sampling"]
     assert metrics["parse_success_rate"] == 1.0 and metrics["fallback_rate"] == 0.0 and metrics["mean_valid_k"] == 2.0
 
 
@@ -238,7 +239,7 @@ def test_every_mode_builds_from_yaml_config(talky_chat):
             {"mode": "trainable", "model": "scripted:hi", "id": "t"},
         ]},
     })
-    rotation = build_simulator(cfg.simulator, ModelPool())
+    rotation = build_simulator(cfg.simulator, ModelCache())
     assert [m.simulator_id for m in rotation.members] == ["f", "p", "v", "t"]
     assert rotation.members[1].seat.prompt_prefix.startswith(PERSONA_GUIDANCE)
     assert rotation.members[2].k == 3 and rotation.members[3].seat.trainable and rotation.members[3].seat.adapter == "simulator"

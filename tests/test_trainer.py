@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from scope_marl.config import TrainConfig
-from scope_marl.training.trainer import Trainer, start
+from scope_marl.experiment import resume, start
 
 
 def config(model_dir, **overrides) -> dict:
@@ -127,7 +127,7 @@ def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
 
 def test_resume_needs_a_run_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.yaml"):
-        Trainer.resume(tmp_path)
+        resume(tmp_path)
 
 
 def test_a_second_demo_never_overwrites_the_first(tmp_path):
@@ -161,7 +161,7 @@ def test_full_fine_tuning_trains_a_copy_and_keeps_the_base_as_reference(tiny_mod
 
     latest = tmp_path / "full" / "checkpoints" / "step-000002"
     assert (latest / "weights" / "agent.safetensors").exists() and not (latest / "adapters").exists()
-    resumed = Trainer.resume(tmp_path / "full")
+    resumed = resume(tmp_path / "full")
     assert all(torch.equal(v, trainer.agent_chat.model.state_dict()[k]) for k, v in resumed.agent_chat.model.state_dict().items())
 
     from scope_marl.evaluation.evaluate import load_agent
@@ -192,7 +192,7 @@ def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
     # A resume from step 1's checkpoint replays step 2: TensorBoard keeps one point per step, not two.
     import shutil
     shutil.rmtree(tmp_path / "tb" / "checkpoints" / "step-000002")
-    resumed = Trainer.resume(tmp_path / "tb")
+    resumed = resume(tmp_path / "tb")
     assert resumed.step == 1
     resumed.run(progress=False)
     events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from scope_marl.types import Episode, EpisodeStatus, Message, RoleStream
+from scope_marl.core.types import Episode, EpisodeStatus, Message, RoleStream
 
 
 def make_episode() -> Episode:

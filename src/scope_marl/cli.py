@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scope_marl.backends import SPEC_FORMS, BackendError, SamplingParams, load_backend
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 app = typer.Typer(
     help="SCOPE-MARL: train LLM agents with RL against populations of LLM user simulators.",
@@ -77,9 +77,9 @@ def rollout(
 
     Example: scope rollout configs/rollout_say_the_word.yaml --out runs/rollout --simulator "vs(k=3):embedded"
     """
+    from scope_marl.assembly import build_rollout
     from scope_marl.config import ConfigError, dump_config, load_config, parse_simulator_spec
     from scope_marl.rollout import RolloutRecorder, summarize
-    from scope_marl.rollout.factory import build_rollout
 
     try:
         cfg = load_config(config)
@@ -93,7 +93,7 @@ def rollout(
     dump_config(cfg, out / "config.yaml")
     episodes = engine.run(tasks)
     path = recorder.write_batch(episodes)
-    summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens)
+    summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens, engine.simulator)
     summary["simulator"] = engine.simulator.identity()
     summary.update(split=cfg.split, tasks=len(tasks), batch_file=path.name, env=engine.env.describe())
     recorder.write_summary(summary)
@@ -127,11 +127,12 @@ def train(
     Example: scope train configs/train_p4g_frozen.yaml --out runs/frozen   (then: scope train --resume runs/frozen)
     """
     from scope_marl.config import ConfigError, TrainConfig, load_config
-    from scope_marl.training.trainer import Trainer, start
+    from scope_marl.experiment import resume as resume_run
+    from scope_marl.experiment import start
 
     try:
         if resume is not None:
-            trainer = Trainer.resume(resume)
+            trainer = resume_run(resume)
         elif config is None or out is None:
             fail("give a CONFIG and --out RUN_DIR, or --resume RUN_DIR")
         else:
@@ -236,7 +237,7 @@ def lab(
 
     Example: scope lab --game theory --out runs/lab-theory
     """
-    from scope_marl.envs.lab.runner import format_table, run_lab
+    from scope_marl.lab import format_table, run_lab
 
     started = time.perf_counter()
     chosen = [a.strip() for a in arms.split(",") if a.strip()] if arms else None
@@ -268,11 +269,10 @@ def diagnose_gamma_command(
 
     Example: scope diagnose gamma --simulator frozen:embedded --states 4 --samples 256
     """
-    import json
-
     from scope_marl.config import ConfigError, P4GConfig, SayTheWordConfig, parse_simulator_spec
+    from scope_marl.assembly import build_env
+    from scope_marl.core import files
     from scope_marl.evaluation.gamma import diagnose_gamma
-    from scope_marl.rollout.factory import build_env
 
     try:
         cfg = parse_simulator_spec(simulator)
@@ -293,8 +293,7 @@ def diagnose_gamma_command(
                           fmt(r[side]["zipf_slope"]), fmt(r["entropy_ratio"]) if side == "plain" else "")
     console.print(table)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        files.write_json(out, result)
         console.print(f"written to {out}")
 
 

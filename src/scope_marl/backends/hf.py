@@ -33,7 +33,7 @@ from scope_marl.backends.base import (
     cut_at_stop,
 )
 from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
 
@@ -207,6 +207,22 @@ class HFChatModel:
         else:
             self.model = get_peft_model(self.model, source, adapter_name=name)
         self.model.eval()
+
+    def load_adapter_weights(self, name: str, folder: str | os.PathLike) -> None:
+        """Overwrite adapter ``name``'s weights with those saved in ``folder`` (peft layout)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(self.model, load_file(str(Path(folder) / "adapter_model.safetensors")), adapter_name=name)
+        self.prefix_cache.clear()
+
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Overwrite every weight from a safetensors file written by ``safetensors.torch.save_model``
+        (a fully fine-tuned policy)."""
+        from safetensors.torch import load_model
+
+        load_model(self.model, str(path))
+        self.prefix_cache.clear()
 
     # ---- prompts -------------------------------------------------------------------------------
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:

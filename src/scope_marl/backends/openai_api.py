@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import openai
 
 from scope_marl.backends.base import BackendError, Generation, SamplingParams, check_adapters, cut_at_stop
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 LOCAL_PLACEHOLDER_KEY = "EMPTY"  # what vLLM / SGLang accept when started without --api-key

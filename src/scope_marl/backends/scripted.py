@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from scope_marl.backends.base import Generation, SamplingParams, check_adapters, cut_at_stop
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 Reply = str | BaseException
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 AGENT = "agent"  # the policy being trained
 USER = "user"  # the side a simulator plays

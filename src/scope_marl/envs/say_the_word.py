@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from scope_marl.envs.base import AGENT, USER, Environment, Task
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 WORDS = ["apple", "river", "yes", "blue", "seven", "music", "tree", "coffee", "moon", "paper", "green", "bread"]
 

@@ -3,7 +3,7 @@
 For each simulator: a fixed, seeded subset of the panel's split (test by default), ``samples_per_task``
 rollouts per task, and one table row: mean reward and success rate with 95% bootstrap intervals,
 pass^k, the agent's policy entropy (mean per-token entropy of its full temperature-scaled
-distribution, DESIGN.md), the diversity of its turns, and FAILED / TRUNCATED counts. The held-out
+distribution, docs/interfaces.md), the diversity of its turns, and FAILED / TRUNCATED counts. The held-out
 aggregate pools the episodes of every simulator not marked ``training``. Intervals resample
 tasks (a task's samples are correlated). Seeds derive from the panel seed and each simulator's id,
 so evaluating twice gives the same numbers and adding a simulator to a panel leaves the others'
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,10 +25,13 @@ from scope_marl.envs import AGENT
 from scope_marl.evaluation.diversity import Coverage, diversity
 from scope_marl.evaluation.panel import Panel, PanelSimulator
 from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve
-from scope_marl.rollout import RolloutConfig, RolloutEngine
-from scope_marl.rollout.factory import ModelPool, build_env, build_simulator
-from scope_marl.seat import Seat
-from scope_marl.types import Episode, EpisodeStatus
+from scope_marl.assembly import ModelCache, build_env, build_simulator
+from scope_marl.backends.seat import Seat
+from scope_marl.config import RolloutConfig, TrainConfig, load_config
+from scope_marl.core import files, run_layout
+from scope_marl.rollout import RolloutEngine
+from scope_marl.core.types import Episode, EpisodeStatus
+from scope_marl.core.seeds import derive_seed
 
 
 @dataclass
@@ -41,56 +43,35 @@ class AgentUnderTest:
     chat: ChatModel
     adapter: str | None
     label: str
-    models: ModelPool
+    models: ModelCache
     step: int | None = None  # the training step it was saved at (None: the untrained base)
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory: ``path`` itself, or a run directory's best checkpoint (else its last)."""
-    from scope_marl.training import checkpoint
-
-    if (path / "state.json").exists():
-        return path
-    checkpoints = checkpoint.list_checkpoints(path)
-    if not checkpoints:
-        raise FileNotFoundError(
-            f"{path} is neither a checkpoint directory (with state.json) nor a run directory with checkpoints/; "
-            "pass RUN_DIR, RUN_DIR/checkpoints/step-NNNNNN, or base"
-        )
-    best = json.loads((checkpoints[-1] / "state.json").read_text()).get("best")
-    if best:
-        named = path / "checkpoints" / Path(best[1]).name  # a name (older runs: a path; its name is the same)
-        if (named / "state.json").exists():
-            return named
-    return checkpoints[-1]
-
-
 def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderTest:
-    """``base`` (the untrained ``model``, default embedded), a run directory, or a checkpoint directory."""
-    from scope_marl.config import TrainConfig, load_config
-    from scope_marl.training import checkpoint
-
-    models = ModelPool()
+    """``base`` (the untrained ``model``, default embedded), a run directory (its best checkpoint,
+    else its last), or a checkpoint directory."""
+    models = ModelCache()
     if checkpoint_or_base == "base":
         spec = model or "embedded"
         chat = models.get(spec)
         return AgentUnderTest(chat, None, "base", models)
-    path = resolve_checkpoint(Path(checkpoint_or_base))
-    run_config = path.parent.parent / "config.yaml"
+    path = run_layout.resolve_checkpoint(Path(checkpoint_or_base))
+    run_config = run_layout.run_dir_of(path) / run_layout.CONFIG
     if model is None and not run_config.exists():
         raise FileNotFoundError(f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)")
     spec = model or load_config(run_config, TrainConfig).model
     base = models.get(spec)
-    if checkpoint.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
+    step = run_layout.read_state(path)["step"]
+    if run_layout.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
         agent = load_backend(spec)
-        checkpoint.load_weights(agent, path, "agent")
-        return AgentUnderTest(agent, None, str(path), models, json.loads((path / "state.json").read_text())["step"])
-    base.add_adapter("agent", str(checkpoint.adapter_path(path / "adapters", "agent")))
-    return AgentUnderTest(base, "agent", str(path), models, json.loads((path / "state.json").read_text())["step"])
+        agent.load_weights(run_layout.weights_path(path, "agent"))
+        return AgentUnderTest(agent, None, str(path), models, step)
+    base.add_adapter("agent", str(run_layout.saved_adapter(path, "agent")))
+    return AgentUnderTest(base, "agent", str(path), models, step)
 
 
 def simulator_seed(panel_seed: int, simulator_id: str) -> int:
-    return (panel_seed * 1_000_003 + zlib.crc32(simulator_id.encode())) % 2**31
+    return derive_seed(panel_seed, simulator_id, bits=31)
 
 
 def panel_tasks(env, panel: Panel) -> list:
@@ -236,7 +217,5 @@ def markdown(results: dict) -> str:
 
 
 def write_results(results: dict, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(results, indent=2))
-    (out / "eval.md").write_text(markdown(results))
-    return out / "eval.md"
+    files.write_json(out / "eval.json", results)
+    return files.write_text(out / "eval.md", markdown(results))

@@ -28,10 +28,11 @@ import numpy as np
 from scope_marl.config import FrozenSimulatorConfig, LLMSimulatorFields, SimulatorConfig, VerbalizedConfig
 from scope_marl.envs import AGENT, USER, Environment, role_view
 from scope_marl.evaluation.diversity import first_sentence
-from scope_marl.rollout.factory import ModelPool, build_simulator
+from scope_marl.assembly import ModelCache, build_simulator
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
 from scope_marl.simulators.candidates import Candidate, draw_candidate
-from scope_marl.types import Message
+from scope_marl.core.types import Message
+from scope_marl.core.seeds import derive_seed
 
 OPENERS = [
     "Hi! Have you heard of the charity Save the Children?",
@@ -75,7 +76,7 @@ def sample_plain(simulator: Simulator, state: SimulatorTurn, m: int, seed: int, 
     seat = getattr(simulator, "seat", None)
     while len(out) < m:
         if seat is not None:
-            simulator.seat = dataclasses.replace(seat, sampling=seat.sampling.model_copy(update={"seed": seed * 1_000_003 + len(out)}))
+            simulator.seat = dataclasses.replace(seat, sampling=seat.sampling.model_copy(update={"seed": derive_seed(seed, len(out))}))
         replies = simulator.respond([state] * min(batch, m - len(out)))
         out += [str(r.reply if isinstance(r, Response) else r) for r in replies]
     if seat is not None:
@@ -109,10 +110,10 @@ def paired_configs(cfg: SimulatorConfig, k: int) -> tuple[SimulatorConfig, Verba
 
 
 def diagnose_gamma(cfg: SimulatorConfig, env: Environment, states: int = 4, samples: int = 256, vs_k: int = 5,
-                   vs_calls: int = 32, seed: int = 0, log: Callable[[str], None] = print, models: ModelPool | None = None) -> dict:
+                   vs_calls: int = 32, seed: int = 0, log: Callable[[str], None] = print, models: ModelCache | None = None) -> dict:
     if not isinstance(cfg, LLMSimulatorFields):
         raise ValueError(f"gamma diagnosis needs one LLM simulator (frozen, persona_guided, vs or trainable), got mode {cfg.mode!r}")
-    models = models or ModelPool()
+    models = models or ModelCache()
     plain_cfg, vs_cfg = paired_configs(cfg, vs_k)
     plain_sim, vs_sim = build_simulator(plain_cfg, models), build_simulator(vs_cfg, models)
     rows = []

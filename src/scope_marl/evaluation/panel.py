@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from scope_marl.backends.base import SamplingParams
-from scope_marl.config import EnvConfig, P4GConfig, Section, SimulatorConfig, Split, load_config
+from scope_marl.config import EnvConfig, P4GConfig, Section, SimulatorConfig, Split, load_named
+from scope_marl.core.types import SamplingParams
 
 BUILTIN_DIR = Path(__file__).parent / "panels"
 
@@ -67,11 +67,4 @@ def builtin_panels() -> list[str]:
 
 def load_panel(name_or_path: str | Path) -> Panel:
     """A panel from a YAML path, or a built-in one by name (``offline``, ``api``)."""
-    path = Path(name_or_path)
-    if not path.exists() and (BUILTIN_DIR / f"{name_or_path}.yaml").exists():
-        path = BUILTIN_DIR / f"{name_or_path}.yaml"
-    if not path.exists():
-        from scope_marl.config import ConfigError
-
-        raise ConfigError(f"panel {str(name_or_path)!r} is neither a file nor a built-in panel; built-in: {', '.join(builtin_panels())}")
-    return load_config(path, Panel)
+    return load_named(name_or_path, Panel, BUILTIN_DIR)

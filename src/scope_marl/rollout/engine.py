@@ -19,30 +19,16 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from scope_marl.backends.base import Generation, TokenChatModel
+from scope_marl.backends.seat import Seat
+from scope_marl.config.rollout import RolloutConfig
+from scope_marl.core.seeds import derive_seed
 from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
 from scope_marl.rollout.streams import StreamBuilder
-from scope_marl.seat import Seat
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
-from scope_marl.types import Episode, EpisodeStatus, Message
-
-
-class RolloutConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    group_size: int = Field(4, ge=1, description="rollouts per task; they share a GRPO baseline and one simulator")
-    max_concurrent: int = Field(64, ge=1, description="episodes in flight at once (bounds memory and batch size)")
-    seed: int = 0
-    on_turn_limit: Literal["truncate", "continue"] = Field(
-        "truncate",
-        description="a turn that hits max_new_tokens ends the episode as TRUNCATED, or is kept cut short and play goes on",
-    )
-    progress: bool = True
+from scope_marl.core.types import Episode, EpisodeStatus, Message
 
 
 @dataclass
@@ -79,6 +65,14 @@ class RolloutEngine:
         self._calls = 0  # generate calls, to derive a distinct seed for each
 
     # ---- public ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The counters that make the next run reproducible (a checkpoint saves them)."""
+        return {"groups": self._groups_started, "calls": self._calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._groups_started = state["groups"]
+        self._calls = state["calls"]
+
     def run(self, tasks: Sequence[Task]) -> list[Episode]:
         """Play every task ``group_size`` times. Returns the episodes in task, then rollout order."""
         queue = deque(self._new_episodes(tasks))
@@ -196,7 +190,7 @@ class RolloutEngine:
             return
 
         def call(batch):
-            seed = (self.config.seed * 1_000_003 + self._calls) % (2**31)
+            seed = derive_seed(self.config.seed, self._calls, bits=31)
             self._calls += 1
             params = sampling.model_copy(update={"seed": seed})
             adapters = [r[2].adapter for r in batch]

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean, pstdev
 
-from scope_marl.types import Episode, EpisodeStatus
+from scope_marl.core import files
+from scope_marl.core.types import Episode, EpisodeStatus
+from scope_marl.simulators.base import Simulator
 
 
 class RolloutRecorder:
@@ -22,18 +24,14 @@ class RolloutRecorder:
 
     def write_batch(self, episodes: Sequence[Episode]) -> Path:
         path = self.out_dir / f"episodes-{self.batches:05d}.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
+        with files.atomic_file(path) as f:  # a reader never sees half a batch
             for episode in episodes:
                 f.write(episode.model_dump_json() + "\n")
-        tmp.replace(path)  # a reader never sees half a batch
         self.batches += 1
         return path
 
     def write_summary(self, summary: dict) -> Path:
-        path = self.out_dir / "summary.json"
-        path.write_text(json.dumps(summary, indent=2) + "\n")
-        return path
+        return files.write_json(self.out_dir / "summary.json", summary)
 
 
 def read_episodes(path: str | os.PathLike) -> list[Episode]:
@@ -41,8 +39,9 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         return [Episode.model_validate_json(line) for line in f if line.strip()]
 
 
-def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int) -> dict:
-    """Counts by status, per-role rewards of COMPLETED episodes, group integrity and throughput."""
+def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int, simulator: Simulator | None = None) -> dict:
+    """Counts by status, per-role rewards of COMPLETED episodes, group integrity and throughput,
+    plus what the ``simulator`` that played them reports through its ``batch_metrics`` hook."""
     status = Counter(e.status.value for e in episodes)
     completed = [e for e in episodes if e.status == EpisodeStatus.COMPLETED]
     roles = sorted({r for e in completed for r in e.rewards})
@@ -53,10 +52,8 @@ def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int
     groups: dict[str, set[str]] = {}
     for e in episodes:
         groups.setdefault(e.group_id, set()).add(e.simulator_id)
-    from scope_marl.simulators.verbalized import vs_metrics
-
     return {
-        **({"verbalized_sampling": m} if (m := vs_metrics(episodes)) else {}),
+        **(simulator.batch_metrics(episodes) if simulator is not None else {}),
         "episodes": len(episodes),
         "status": {s.value: status.get(s.value, 0) for s in EpisodeStatus},
         "rewards": rewards,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scope_marl.backends.base import BackendError, Generation, TokenChatModel
-from scope_marl.types import Message, RoleStream
+from scope_marl.core.types import Message, RoleStream
 
 
 class TemplateError(BackendError):

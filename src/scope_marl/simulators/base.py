@@ -57,6 +57,12 @@ class Simulator(ABC, Generic[Reply]):
         """What an episode records about the simulator that played it, to split results by simulator."""
         return {"id": self.simulator_id}
 
+    def batch_metrics(self, episodes: Sequence) -> dict:
+        """Mode-specific figures over a batch of episodes it played, merged into the rollout summary
+        (Verbalized Sampling: parse and fallback rates). The recorder calls this hook, so it need not
+        know any mode."""
+        return {}
+
     @abstractmethod
     def respond(self, turns: Sequence[SimulatorTurn]) -> list[Reply | Response[Reply]]:
         """Replies for a batch of pending user turns, in order (optionally wrapped in a Response)."""

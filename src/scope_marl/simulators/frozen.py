@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scope_marl.backends.base import ChatModel, SamplingParams
-from scope_marl.seat import Seat
+from scope_marl.backends.seat import Seat
 from scope_marl.simulators.base import Simulator, SimulatorTurn
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 
 class LLMSimulator(Simulator[str]):

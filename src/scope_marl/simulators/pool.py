@@ -37,13 +37,13 @@ import os
 import random
 import shutil
 import stat
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scope_marl.core import files
 
 Selection = Literal["random", "latest", "prioritized"]
 
@@ -133,23 +133,6 @@ def _remove_tree(directory: Path) -> None:
     shutil.rmtree(directory)
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) -> None:
-    # A crash mid-write must leave either the old manifest or the new one, never half of one.
-    # ``durable`` adds an fsync (survives power loss, costs milliseconds on a busy disk).
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class SimulatorPool:
     """A bounded pool of immutable simulator snapshots with FIFO eviction and per-group selection.
 
@@ -226,15 +209,10 @@ class SimulatorPool:
         final = self.root / MEMBERS_DIR / member_id
         # A directory with this id but no manifest entry is the leftover of an interrupted add.
         _remove_tree(final)
-        tmp = self.root / MEMBERS_DIR / f".tmp-{member_id}-{uuid.uuid4().hex[:8]}"
-        try:
-            # Copy into a temporary name and rename: a member directory is complete or absent.
-            shutil.copytree(source, tmp, symlinks=False)
+        # Copied under a temporary name and renamed: a member directory is complete or absent.
+        with files.atomic_directory(final) as tmp:
+            shutil.copytree(source, tmp, symlinks=False, dirs_exist_ok=True)
             content_hash = directory_hash(tmp)
-            os.rename(tmp, final)
-        except BaseException:
-            _remove_tree(tmp)
-            raise
         _make_read_only(final)
 
         member = PoolMember(
@@ -356,7 +334,7 @@ class SimulatorPool:
             rng_state=[version, list(internal), gauss_next],
             members=[m.model_copy(update={"path": Path(m.path).relative_to(self.root).as_posix()}) for m in self._members],
         )
-        _write_json_atomic(self.manifest_path, manifest.model_dump(mode="json"), durable=durable)
+        files.write_json(self.manifest_path, manifest.model_dump(mode="json"), durable=durable)
 
     @classmethod
     def load(cls, root: str | os.PathLike[str], verify: bool = True) -> SimulatorPool:

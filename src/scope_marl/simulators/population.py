@@ -17,6 +17,7 @@ from scope_marl.backends.base import SamplingParams
 from scope_marl.simulators.base import Simulator, SimulatorTurn
 from scope_marl.simulators.frozen import FrozenSimulator
 from scope_marl.simulators.pool import SimulatorPool
+from scope_marl.core.seeds import derive_seed
 
 
 class PopulationSimulator(Simulator[str]):
@@ -41,7 +42,7 @@ class PopulationSimulator(Simulator[str]):
 
     def for_group(self, group_index: int) -> Simulator[str]:
         # Seeded by (seed, group): a resumed run draws the same members for the same groups.
-        member = self.pool.select(rng=random.Random(self.seed * 1_000_003 + group_index), scores=self.scores())
+        member = self.pool.select(rng=random.Random(derive_seed(self.seed, group_index)), scores=self.scores())
         adapter = f"pool-{member.member_id}"
         self._sync_adapters(adapter, member.path)
         return FrozenSimulator(self.model, self.sampling, self.prompt_prefix, adapter=adapter,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from scope_marl.simulators.base import Reply, Simulator, SimulatorTurn
+from scope_marl.core.seeds import derive_seed
 
 
 class Rotation(Simulator[Reply]):
@@ -31,8 +32,14 @@ class Rotation(Simulator[Reply]):
             member = self.members[group_index % len(self.members)]
         else:
             # Seeded by (seed, group) rather than a running RNG, so a resumed run picks the same members.
-            member = random.Random(self.seed * 1_000_003 + group_index).choice(self.members)
+            member = random.Random(derive_seed(self.seed, group_index)).choice(self.members)
         return member.for_group(group_index)
+
+    def batch_metrics(self, episodes) -> dict:
+        out: dict = {}
+        for member in self.members:
+            out.update(member.batch_metrics(episodes))
+        return out
 
     def identity(self) -> dict:
         return {"id": self.simulator_id, "mode": "rotation", "order": self.order, "members": [m.simulator_id for m in self.members]}

@@ -28,7 +28,8 @@ from scope_marl.backends.base import ChatModel, SamplingParams, TokenChatModel
 from scope_marl.simulators.base import Response, SimulatorTurn
 from scope_marl.simulators.candidates import Candidate, candidate_entropy, draw_candidate, parse_candidates
 from scope_marl.simulators.frozen import LLMSimulator
-from scope_marl.types import Message
+from scope_marl.core.types import Message
+from scope_marl.core.seeds import derive_seed
 
 __all__ = ["Candidate", "VerbalizedSampling", "parse_candidates", "vs_metrics"]
 
@@ -113,6 +114,10 @@ class VerbalizedSampling(LLMSimulator):
     def direct_seat(self):
         return None  # one reply takes several calls and a draw: the engine must go through respond()
 
+    def batch_metrics(self, episodes) -> dict:
+        metrics = vs_metrics(episodes)
+        return {"verbalized_sampling": metrics} if metrics else {}
+
     def identity(self) -> dict:
         return {**super().identity(), "k": self.k, "method": self.method, "variant": self.variant, "tail_threshold": self.tail_threshold}
 
@@ -163,7 +168,7 @@ class VerbalizedSampling(LLMSimulator):
     def _seeded(self, sampling: SamplingParams) -> SamplingParams:
         self._calls_made += 1
         base = sampling.seed if sampling.seed is not None else 0
-        return sampling.model_copy(update={"seed": (base * 1_000_003 + self._calls_made) % (2**31)})
+        return sampling.model_copy(update={"seed": derive_seed(base, self._calls_made, bits=31)})
 
     def _generate(self, prompts: list[list[Message]], k: int) -> list[str]:
         adapters = [self.seat.adapter] * len(prompts) if self.seat.adapter else None

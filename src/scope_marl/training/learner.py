@@ -5,7 +5,7 @@ only their own role's RoleStreams and rewards, and each owns an optimizer over i
 parameters, so training one role can never move the other's weights. With ``adapter=None`` the
 learner fine-tunes every weight of its model instead; the KL reference is then a separate, frozen
 ``reference`` model (there are no adapters to disable). Log-probs are recomputed
-exactly as the rollout recorded them (DESIGN.md: temperature-scaled full distribution), so the
+exactly as the rollout recorded them (docs/interfaces.md: temperature-scaled full distribution), so the
 first update of a batch is on-policy: importance ratios of 1 and no clipping.
 """
 
@@ -15,29 +15,10 @@ import time
 from collections.abc import Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-
 from scope_marl.backends.hf import HFChatModel
-from scope_marl.training.losses import Aggregation, group_advantages, policy_loss, zero_variance_share
-from scope_marl.types import Episode, EpisodeStatus, RoleStream
-
-
-class LearnerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    eps_low: float = Field(0.2, ge=0)
-    eps_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.01, ge=0, description="k3 KL to the base model with adapters disabled")
-    entropy_coef: float = Field(0.0, ge=0)
-    aggregation: Aggregation = "seq_mean_token_mean"
-    normalize_std: bool = False
-    constant_groups: str = Field("zero", pattern="^(zero|batch)$", description="batch: group-level rewards get a batch baseline")
-    token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradient accumulation across micro-batches)")
-    epochs: int = Field(1, ge=1, description="optimizer epochs over each rollout batch")
-    train_on: list[EpisodeStatus] = Field(default_factory=lambda: [EpisodeStatus.COMPLETED])
+from scope_marl.config.train import LearnerConfig
+from scope_marl.training.losses import group_advantages, policy_loss, zero_variance_share
+from scope_marl.core.types import Episode, EpisodeStatus, RoleStream
 
 
 class Learner:

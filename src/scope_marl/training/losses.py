@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-Aggregation = Literal["seq_mean_token_mean", "token_mean", "dr_grpo"]
+from scope_marl.config.train import Aggregation
 
 
 def group_advantages(

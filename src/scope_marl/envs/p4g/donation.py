@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scope_marl.envs.base import AGENT, USER
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 PAYMENT = 2.0  # dollars: the task payment a persuadee can give part of
 

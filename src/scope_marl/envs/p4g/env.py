@@ -17,7 +17,7 @@ from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues, read_par
 from scope_marl.envs.p4g.donation import PAYMENT, episode_donation, has_donation_tag, parse_donation
 from scope_marl.envs.p4g.personas import PersonaSampler, persona_text
 from scope_marl.envs.p4g.split import DEFAULT_FRACTIONS, SPLITS, check_disjoint, split_ids
-from scope_marl.types import Message
+from scope_marl.core.types import Message
 
 
 # The persona comes first and the task last: small models follow the most recent instruction

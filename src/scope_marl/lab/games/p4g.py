@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from scope_marl.envs.lab.game import Game, Outcome
+from scope_marl.lab.games.game import Game, Outcome
 
 FITTED = Path(__file__).with_name("p4g_lab.json")
 

@@ -1,4 +1,4 @@
-"""Core data types shared by every layer: messages, per-role training streams, episodes.
+"""Core data types shared by every layer: messages, sampling settings, per-role training streams, episodes.
 
 The JSON form of these types (``Episode.model_dump_json()``) is the on-disk record of a rollout;
 ``docs/formats.md`` documents it field by field. Keep the two in step.
@@ -24,6 +24,18 @@ class Message(BaseModel):
 
     role: str
     content: str
+
+
+class SamplingParams(BaseModel):
+    """How one generate call samples. A core type because configs, backends and simulators all carry it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(64, ge=1)
+    stop: list[str] = Field(default_factory=list, description="stop strings; the text is cut before them")
+    seed: int | None = None
 
 
 class EpisodeStatus(str, Enum):

@@ -1,4 +1,4 @@
-"""Panels of lab simulators from YAML: the held-out panel, the validation panel, or your own.
+"""Panels of lab simulators from YAML: the built-in ``heldout`` and ``validation`` panels, or your own.
 
 Schema (documented with examples in docs/lab.md)::
 
@@ -22,26 +22,19 @@ file can serve both games when it uses only the generic values.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Literal
 
 import torch
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from scope_marl.envs.lab.game import Game
-from scope_marl.envs.lab.simulators import (
-    VS_NOISE,
-    VS_RESIDUAL,
-    ActSimulator,
-    FrozenActs,
-    VerbalizedActs,
-)
+from scope_marl.config import ConfigError, Section, load_named
+from scope_marl.lab.games import Game
+from scope_marl.lab.simulators import VS_NOISE, VS_RESIDUAL, ActSimulator, FrozenActs, VerbalizedActs
 
-HERE = Path(__file__).parent
-HELDOUT_PANEL = HERE / "panel_default.yaml"
-VALIDATION_PANEL = HERE / "panel_validation.yaml"
+BUILTIN_DIR = Path(__file__).parent / "panels"
+HELDOUT_PANEL = "heldout"  # never used to choose anything
+VALIDATION_PANEL = "validation"  # the only panel hyperparameters are tuned on
 
 FIXES = {
     "id": "give every simulator a short unique id, e.g. id: llm-a",
@@ -56,20 +49,18 @@ FIXES = {
 }
 
 
-class PanelError(ValueError):
-    """A panel file that cannot be used; the message names the field and the fix."""
+class PanelError(ConfigError):
+    """A panel that does not fit the game it is played on; the message names the field and the fix."""
 
 
-class VSSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class VSSpec(Section):
     method: Literal["prob", "random"] = "prob"
     k: int | None = Field(None, ge=1)
     noise: float = Field(VS_NOISE, ge=0.0)
     residual: float = Field(VS_RESIDUAL, ge=0.0, le=1.0)
 
 
-class PanelSimulator(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PanelSimulator(Section):
     id: str = Field(min_length=1)
     gamma: float = Field(1.0, gt=0.0)
     adherence: float = Field(1.0, ge=0.0, le=1.0)
@@ -86,8 +77,7 @@ class PanelSimulator(BaseModel):
         return value
 
 
-class Panel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Panel(Section):
     name: str = "panel"
     simulators: list[PanelSimulator] = Field(min_length=1)
 
@@ -101,41 +91,9 @@ class Panel(BaseModel):
         return value
 
 
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def load_panel(path: str | Path) -> Panel:
-    """Read and validate a panel YAML file; errors name the field and the fix."""
-    path = Path(path)
-    if not path.is_file():
-        raise PanelError(f"panel file {path} does not exist: pass a YAML file (schema in docs/lab.md)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise PanelError(f"panel file {path} is not valid YAML: {exc}") from exc
-    if isinstance(data, list):  # a bare list of simulators is accepted
-        data = {"simulators": data}
-    if not isinstance(data, dict):
-        raise PanelError(f"panel file {path}: expected a mapping with a 'simulators' list; {FIXES['simulators']}")
-    data.setdefault("name", path.stem)
-    try:
-        return Panel.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "list[", "dict["))))
-            field = next((p for p in reversed(loc) if isinstance(p, str)), "simulators")
-            fix = FIXES.get(field, "see the schema in docs/lab.md")
-            if error["type"] == "extra_forbidden":
-                known = list((VSSpec if "vs" in loc[:-1] else PanelSimulator if "simulators" in loc else Panel).model_fields)
-                close = difflib.get_close_matches(field, known, n=1)
-                fix = (f"did you mean {close[0]!r}? " if close else "") + f"the known fields here are {known}"
-            lines.append(f"  {_where(loc) or 'panel'}: {error['msg']} (got {error.get('input')!r}). Fix: {fix}")
-        raise PanelError(f"invalid panel file {path}:\n" + "\n".join(dict.fromkeys(lines))) from exc
+def load_panel(name_or_path: str | Path) -> Panel:
+    """A panel YAML file, or a built-in panel by name (``heldout``, ``validation``); errors name the field and the fix."""
+    return load_named(name_or_path, Panel, BUILTIN_DIR, kind="lab panel", fixes=FIXES)
 
 
 def persona_weights(game: Game, spec: PanelSimulator, where: str) -> torch.Tensor:

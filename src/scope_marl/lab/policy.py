@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from scope_marl.envs.lab.game import Game
+from scope_marl.lab.games import Game
 
 
 class StrategyPolicy(nn.Module):

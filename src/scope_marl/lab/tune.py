@@ -1,9 +1,9 @@
 """Choose the lab's hyperparameters on the VALIDATION panel (never on the held-out one).
 
-    python -m scope_marl.envs.lab.tune --game theory [--seeds 5] [--out tune.json]
+    python -m scope_marl.lab.tune --game theory [--seeds 5] [--out tune.json]
 
 Seeds 100, 101, ... (disjoint from the report's seeds 0, 1, ...), the validation panel
-``panel_validation.yaml`` (no member shared with the held-out ``panel_default.yaml``), and the
+``validation`` panel (no member shared with the held-out ``heldout`` panel), and the
 final mean validation reward as the score. Three stages, each fixing what it chose:
 
 1. the agent's learning rate, scored by the mean over the frozen-simulator arms (single,
@@ -11,7 +11,7 @@ final mean validation reward as the score. Three stages, each fixing what it cho
 2. the co-training simulator's learning rate and KL coefficient, on the cotrain arm;
 3. the pool snapshot interval, on the population arm.
 
-The winners are copied by hand into ``runner.SETTINGS`` (docs/lab.md records the last output).
+The winners are copied by hand into ``arms.SETTINGS`` (docs/lab.md records the last output).
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from pathlib import Path
 
 import torch
 
-from scope_marl.envs.lab.panel import VALIDATION_PANEL, build_panel, load_panel
-from scope_marl.envs.lab.runner import GAMES, SETTINGS, Settings, load_game, train_arm
+from scope_marl.core import files
+from scope_marl.lab.arms import SETTINGS, Settings
+from scope_marl.lab.games import GAMES, load_game
+from scope_marl.lab.loop import train_arm
+from scope_marl.lab.panel import VALIDATION_PANEL, build_panel, load_panel
 
 # The agent's learning rates stop at 0.3: at 1.0 Adam makes the tabular policy deterministic within
 # ~15 updates (entropy ~0), so every arm becomes a lottery over deterministic policies, unlike any
@@ -49,7 +52,7 @@ def tune(game_name: str, seeds: int = 5, log=print) -> dict:
     panel = build_panel(game, load_panel(VALIDATION_PANEL))
     seed_list = [100 + i for i in range(seeds)]
     s = SETTINGS[game_name]
-    report: dict = {"game": game_name, "panel": str(VALIDATION_PANEL), "seeds": seed_list, "stages": {}}
+    report: dict = {"game": game_name, "panel": VALIDATION_PANEL, "seeds": seed_list, "stages": {}}
 
     def stage(name, arms, candidates, apply):
         nonlocal s
@@ -77,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     report = tune(args.game, args.seeds)
     if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        files.write_text(args.out, json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from scope_marl.envs.base import Task
-from scope_marl.envs.lab.game import Game
+from scope_marl.lab.games import Game
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
 from scope_marl.simulators.candidates import (
     Candidate,
@@ -39,6 +39,7 @@ from scope_marl.simulators.candidates import (
     draw_candidate,
 )
 from scope_marl.simulators.pool import SimulatorPool
+from scope_marl.core.seeds import derive_seed
 
 SNAPSHOT_FILE = "simulator.pt"
 # The VS paper reports that verbalizing recovers 66.8% of the base model's pre-alignment diversity;
@@ -285,7 +286,7 @@ class PopulationActs(Simulator[Tensor]):
 
     def for_group(self, group_index: int) -> Simulator[Tensor]:
         # Seeded by (seed, group) as in the LLM path's PopulationSimulator: reproducible draws.
-        member = self.pool.select(rng=random.Random(self.seed * 1_000_003 + group_index))
+        member = self.pool.select(rng=random.Random(derive_seed(self.seed, group_index)))
         if member.member_id not in self._loaded:
             live = {m.member_id for m in self.pool.members}
             self._loaded = {k: v for k, v in self._loaded.items() if k in live}

@@ -21,11 +21,11 @@ from scope_marl.config import (
 )
 from scope_marl.envs import Environment, SayTheWord
 from scope_marl.rollout.engine import RolloutEngine
-from scope_marl.seat import Seat
+from scope_marl.backends.seat import Seat
 from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, Simulator, TrainableSimulator, persona_guided
 
 
-class ModelPool:
+class ModelCache:
     def __init__(self) -> None:
         self._models: dict[str, ChatModel] = {}
 
@@ -47,11 +47,11 @@ def build_env(cfg: EnvConfig) -> Environment:
     return SayTheWord(num_tasks=cfg.num_tasks, max_exchanges=cfg.max_exchanges, agent_first=cfg.agent_first)
 
 
-def build_agent(cfg: AgentConfig, models: ModelPool) -> Seat:
+def build_agent(cfg: AgentConfig, models: ModelCache) -> Seat:
     return Seat(model=models.get(cfg.model), sampling=cfg.sampling, adapter=cfg.adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable)
 
 
-def build_simulator(cfg: SimulatorConfig, models: ModelPool) -> Simulator:
+def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
     """One simulator (or a rotation / population of them) from its config section."""
     if isinstance(cfg, RotationConfig):
         return Rotation([build_simulator(m, models) for m in cfg.members], order=cfg.order, seed=cfg.seed)
@@ -80,6 +80,6 @@ def build_simulator(cfg: SimulatorConfig, models: ModelPool) -> Simulator:
     return frozen
 
 
-def build_rollout(cfg: RolloutRunConfig, models: ModelPool | None = None) -> RolloutEngine:
-    models = models or ModelPool()
+def build_rollout(cfg: RolloutRunConfig, models: ModelCache | None = None) -> RolloutEngine:
+    models = models or ModelCache()
     return RolloutEngine(build_env(cfg.env), build_agent(cfg.agent, models), build_simulator(cfg.simulator, models), cfg.rollout)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scope_marl.envs.lab.game import Game
+from scope_marl.lab.games.game import Game
 
 
 def played_weights(game: Game, weights: Tensor, adherence: float) -> Tensor:

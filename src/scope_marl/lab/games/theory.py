@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from scope_marl.envs.lab.game import Game, Outcome
+from scope_marl.lab.games.game import Game, Outcome
 
 STRATEGIES = ("emotion", "logic", "ask")
 ACTS = ("agree", "engage", "question", "refuse")
@@ -74,5 +74,5 @@ def theory_game() -> Game:
         # Five *distinct* candidates over four acts would list every act and make VS-random a
         # uniform user; with k = U - 1 a listing is still a choice (see simulators.VerbalizedActs).
         vs_k=len(ACTS) - 1,
-        notes={"source": "defined by hand in scope_marl/envs/lab/theory.py (see its docstring)"},
+        notes={"source": "defined by hand in scope_marl/lab/games/theory.py (see its docstring)"},
     )

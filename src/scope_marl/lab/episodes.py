@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from scope_marl.envs.lab.game import Game
-from scope_marl.envs.lab.policy import StrategyPolicy
-from scope_marl.envs.lab.simulators import ActTurn, batch_turn, draw, entropy_nats
+from scope_marl.lab.games import Game
+from scope_marl.lab.policy import StrategyPolicy
+from scope_marl.lab.simulators import ActTurn, batch_turn, draw, entropy_nats
 from scope_marl.simulators.base import Simulator
 
 

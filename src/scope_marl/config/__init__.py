@@ -1,0 +1,33 @@
+"""Experiment configuration: pydantic schemas loaded from YAML, with errors that name the field.
+
+``loading`` reads YAML and explains errors; ``env``, ``simulator``, ``rollout`` and ``train`` hold
+the schemas of each section. Everything is re-exported here, so ``from scope_marl.config import
+TrainConfig`` is the usual import.
+"""
+
+from scope_marl.config.env import EnvConfig, P4GConfig, SayTheWordConfig, Split
+from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, validate
+from scope_marl.config.rollout import AgentConfig, RolloutConfig, RolloutRunConfig
+from scope_marl.config.simulator import (
+    SIMULATOR_CONFIGS,
+    FrozenSimulatorConfig,
+    LLMSimulatorFields,
+    MemberConfig,
+    PersonaGuidedConfig,
+    PoolSimulatorConfig,
+    RotationConfig,
+    SimulatorConfig,
+    TrainableSimulatorConfig,
+    VerbalizedConfig,
+    default_sampling,
+    parse_simulator_spec,
+)
+from scope_marl.config.train import Aggregation, EvalSettings, LearnerConfig, LoraSettings, PoolSettings, TrainConfig
+
+__all__ = [
+    "SIMULATOR_CONFIGS", "AgentConfig", "Aggregation", "ConfigError", "EnvConfig", "EvalSettings", "FrozenSimulatorConfig",
+    "LLMSimulatorFields", "LearnerConfig", "LoraSettings", "MemberConfig", "P4GConfig", "PersonaGuidedConfig",
+    "PoolSettings", "PoolSimulatorConfig", "RolloutConfig", "RolloutRunConfig", "RotationConfig", "SayTheWordConfig",
+    "Section", "SimulatorConfig", "Split", "TrainConfig", "TrainableSimulatorConfig", "VerbalizedConfig",
+    "default_sampling", "dump_config", "explain", "load_config", "load_named", "parse_simulator_spec", "validate",
+]

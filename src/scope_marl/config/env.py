@@ -1,0 +1,39 @@
+"""Environment sections of a config: which benchmark, its tasks, turns and reward settings."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from scope_marl.config.loading import Section
+
+Split = Literal["train", "validation", "test"]
+
+
+class SayTheWordConfig(Section):
+    name: Literal["say_the_word"] = "say_the_word"
+    num_tasks: int = Field(8, ge=1, le=48)
+    max_exchanges: int = Field(2, ge=1)
+    agent_first: bool = True
+
+
+class P4GConfig(Section):
+    """Persuasion for Good: the agent persuades, the simulator is the persuadee."""
+
+    name: Literal["p4g"]
+    data_dir: str | None = Field(None, description="corpus folder; default $SCOPE_P4G_DIR, then ../shared/data/p4g")
+    source: Literal["auto", "corpus", "synthetic"] = Field(
+        "auto", description="auto: the corpus when found, else personas sampled from the survey marginals"
+    )
+    synthetic_tasks: int = Field(200, ge=3)
+    max_exchanges: int = Field(5, ge=1)
+    termination: Literal["eager", "fixed"] = Field("eager", description="eager ends at a stated donation")
+    simulator_reward: Literal["adversarial", "cooperative"] = "adversarial"
+    word_limit: int = Field(50, ge=5)
+    accept_proposals: bool = Field(False, description="a persuadee 'sure, I'll do that' takes the amount just proposed")
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    seed: int = 0
+
+
+EnvConfig = Annotated[SayTheWordConfig | P4GConfig, Field(discriminator="name")]

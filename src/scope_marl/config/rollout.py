@@ -1,0 +1,44 @@
+"""Rollout sections of a config: the engine's settings, the agent seat, and ``scope rollout`` as a whole."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from scope_marl.config.env import EnvConfig, SayTheWordConfig, Split
+from scope_marl.config.loading import Section
+from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
+from scope_marl.core.types import SamplingParams
+
+
+class RolloutConfig(Section):
+    """How the rollout engine plays: group size, concurrency, seed, what a turn at its token limit does."""
+
+    group_size: int = Field(4, ge=1, description="rollouts per task; they share a GRPO baseline and one simulator")
+    max_concurrent: int = Field(64, ge=1, description="episodes in flight at once (bounds memory and batch size)")
+    seed: int = 0
+    on_turn_limit: Literal["truncate", "continue"] = Field(
+        "truncate",
+        description="a turn that hits max_new_tokens ends the episode as TRUNCATED, or is kept cut short and play goes on",
+    )
+    progress: bool = True
+
+
+class AgentConfig(Section):
+    model: str = Field("embedded", description="model spec, see docs/formats.md")
+    adapter: str | None = None
+    sampling: SamplingParams = Field(default_factory=default_sampling)
+    prompt_prefix: str = ""
+    trainable: bool = True
+
+
+class RolloutRunConfig(Section):
+    """``scope rollout``: play episodes of one environment and record them."""
+
+    env: EnvConfig = Field(default_factory=SayTheWordConfig)
+    split: Split = "train"
+    num_tasks: int | None = Field(None, ge=1, description="play only the first N tasks of the split")
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    simulator: SimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)

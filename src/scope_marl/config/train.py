@@ -1,0 +1,99 @@
+"""``scope train`` configs: the learner, LoRA, evaluation, pool and run settings of one experiment arm."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from scope_marl.config.env import EnvConfig, SayTheWordConfig, Split
+from scope_marl.config.loading import Section
+from scope_marl.config.rollout import RolloutConfig
+from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
+from scope_marl.core.types import EpisodeStatus, SamplingParams
+
+
+Aggregation = Literal["seq_mean_token_mean", "token_mean", "dr_grpo"]
+
+
+class LearnerConfig(Section):
+    """One role's GRPO learner (``learner:`` for the agent, ``simulator_learner:`` for a trainable simulator)."""
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.01, ge=0, description="k3 KL to the base model with adapters disabled")
+    entropy_coef: float = Field(0.0, ge=0)
+    aggregation: Aggregation = "seq_mean_token_mean"
+    normalize_std: bool = False
+    constant_groups: str = Field("zero", pattern="^(zero|batch)$", description="batch: group-level rewards get a batch baseline")
+    token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradient accumulation across micro-batches)")
+    epochs: int = Field(1, ge=1, description="optimizer epochs over each rollout batch")
+    train_on: list[EpisodeStatus] = Field(default_factory=lambda: [EpisodeStatus.COMPLETED])
+
+
+class LoraSettings(Section):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+class EvalSettings(Section):
+    every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
+    tasks: int = Field(4, ge=1, description="test tasks per simulator: a fixed, seeded subset of the test split")
+    group_size: int = Field(1, ge=1, description="samples per task")
+    split: Split = Field("test", description="test (default) or validation: the best checkpoint is chosen on this split")
+    panel: str | None = Field(None, description="a panel YAML path or built-in name (offline, api); replaces `simulator`")
+    simulator: SimulatorConfig = Field(
+        default_factory=lambda: FrozenSimulatorConfig(
+            id="heldout-skeptic", prompt_prefix="You are skeptical and careful with money.",
+            sampling=SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=48),
+        ),
+        description="the one held-out simulator when no panel is given",
+    )
+
+
+class PoolSettings(Section):
+    every: int = Field(16, ge=1, description="snapshot the trainable simulator every N steps")
+    max_size: int = Field(10, ge=2)
+    selection: Literal["random", "latest", "prioritized"] = "random"
+
+
+class TrainConfig(Section):
+    """``scope train``: one experiment arm."""
+
+    model: str = Field("embedded", description="the base model every LoRA adapter sits on (a local model spec)")
+    env: EnvConfig = Field(default_factory=SayTheWordConfig)
+    agent_sampling: SamplingParams = Field(default_factory=default_sampling)
+    simulator: SimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
+    trainable_roles: list[Literal["agent", "user"]] = Field(default_factory=lambda: ["agent"], min_length=1)
+    finetune: Literal["lora", "full"] = Field("lora", description="the agent as a LoRA adapter, or every weight of its own copy")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the agent's learner")
+    simulator_learner: LearnerConfig | None = Field(None, description="the trainable simulator's learner (default: as the agent)")
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(group_size=4, max_concurrent=32))
+    tasks_per_step: int = Field(4, ge=1)
+    steps: int = Field(10, ge=1)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    checkpoint_every: int = Field(5, ge=1)
+    keep_last: int = Field(2, ge=1)
+    pool: PoolSettings | None = Field(None, description="population co-training: snapshots of the trainable simulator")
+    seed: int = 0
+    threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
+    tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")
+
+    @model_validator(mode="after")
+    def _roles_match_simulator(self) -> TrainConfig:
+        if "user" in self.trainable_roles and self.simulator.mode != "trainable":
+            raise ValueError(f"trainable_roles includes 'user' but simulator.mode is {self.simulator.mode!r}; use mode: trainable (co-training)")
+        if self.simulator.mode == "trainable" and "user" not in self.trainable_roles:
+            raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
+        if self.finetune == "full" and self.trainable_roles != ["agent"]:
+            raise ValueError("finetune: full trains the agent only (trainable_roles: [agent]); co-training keeps both roles as LoRA adapters")
+        if self.pool is not None and self.simulator.mode != "trainable":
+            raise ValueError("pool (population co-training) needs simulator.mode: trainable")
+        return self
