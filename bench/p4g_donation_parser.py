@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from scope_marl.core.types import Message
 from scope_marl.envs.base import AGENT, USER
 from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues, read_intended_donations
 from scope_marl.envs.p4g.donation import PAYMENT, episode_donation, mentioned_amounts, parse_donation
-from scope_marl.core.types import Message
 
 CENT = 0.005  # half a cent: two amounts closer than this are the same to the cent
 

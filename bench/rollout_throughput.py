@@ -20,14 +20,13 @@ import time
 
 import torch
 
-from scope_marl.core.types import SamplingParams
 from scope_marl.backends.embedded import load_embedded
-from scope_marl.envs import AGENT, SayTheWord, role_view
-from scope_marl.config import RolloutConfig
-from scope_marl.rollout import RolloutEngine
 from scope_marl.backends.seat import Seat
+from scope_marl.config import RolloutConfig
+from scope_marl.core.types import Message, SamplingParams
+from scope_marl.envs import AGENT, SayTheWord, role_view
+from scope_marl.rollout import RolloutEngine
 from scope_marl.simulators import FrozenSimulator
-from scope_marl.core.types import Message
 
 EXCHANGES = 4
 NEW_TOKENS = 48

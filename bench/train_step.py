@@ -24,15 +24,15 @@ import time
 
 import torch
 
-from scope_marl.core.types import SamplingParams
 from scope_marl.backends.embedded import converted_model_dir, load_embedded
+from scope_marl.config import LearnerConfig
+from scope_marl.core.types import Episode, Message, RoleStream, SamplingParams
 from scope_marl.envs import AGENT
 from scope_marl.envs.p4g.env import PersuasionForGood
-from scope_marl.training.learner import Learner, LearnerConfig
-from scope_marl.core.types import Episode, Message, RoleStream
+from scope_marl.training.learner import Learner
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 8, 4, 48
-LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 LR, BETA, EPS_LOW, EPS_HIGH = 1e-5, 0.01, 0.2, 0.28
 AMOUNT = re.compile(r"\$\s?\d|\d+\s*(?:dollars?|cents?)", re.IGNORECASE)
 

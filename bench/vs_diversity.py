@@ -20,14 +20,13 @@ from collections import Counter
 
 import torch
 
-from scope_marl.core.types import SamplingParams
 from scope_marl.backends.embedded import load_embedded
+from scope_marl.core.types import Episode, Message, SamplingParams
 from scope_marl.envs import USER, role_view
 from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues
 from scope_marl.envs.p4g.env import PersuasionForGood
 from scope_marl.simulators import FrozenSimulator, SimulatorTurn
 from scope_marl.simulators.verbalized import VerbalizedSampling, vs_metrics
-from scope_marl.core.types import Episode, Message
 
 OPENERS = [
     "Hi! Have you heard of Save the Children? They help kids in developing countries get food and school.",

@@ -6,10 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from scope_marl.backends import BackendError, load_backend
-from scope_marl.core.types import SamplingParams
 from scope_marl.backends.scripted import ScriptedChatModel
 from scope_marl.cli import app
-from scope_marl.core.types import Message
+from scope_marl.core.types import Message, SamplingParams
 
 runner = CliRunner()
 HELLO = [Message(role="user", content="hello")]

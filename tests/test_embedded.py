@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from scope_marl.backends.base import BackendError, SamplingParams
 from scope_marl.backends import embedded
+from scope_marl.backends.base import BackendError, SamplingParams
 from scope_marl.core.types import Message
 
 pytestmark = pytest.mark.slow

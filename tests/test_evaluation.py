@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from scope_marl.assembly import ModelCache
 from scope_marl.config import ConfigError
 from scope_marl.evaluation.diversity import Coverage, distinct_n, first_sentence, unique_share
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel, markdown
 from scope_marl.evaluation.panel import Panel, builtin_panels, load_panel
 from scope_marl.evaluation.stats import bootstrap_ci, pass_hat_k, pass_hat_k_curve
-from scope_marl.assembly import ModelCache
-
 
 # ---- statistics ----------------------------------------------------------------------------------
 
@@ -153,9 +152,9 @@ def test_held_out_aggregate_excludes_training_simulators(agent):
 def test_policy_entropy_equals_a_hand_computed_value(agent, tiny_chat):
     panel = scripted_panel(simulators=[{"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}}],
                            tasks_per_simulator=1, samples_per_task=1, agent_sampling={"temperature": 0.8, "max_new_tokens": 5})
+    from scope_marl.assembly import build_env
     from scope_marl.envs import AGENT
     from scope_marl.evaluation.evaluate import play
-    from scope_marl.assembly import build_env
 
     env = build_env(panel.env)
     (episode,) = play(panel, panel.simulators[0], agent, env)
@@ -284,7 +283,7 @@ def test_gamma_diagnosis_runs_on_scripted_simulators():
     from scope_marl.envs.p4g import PersuasionForGood
     from scope_marl.evaluation.gamma import diagnose_gamma, paired_configs
 
-    plain, vs = paired_configs(FrozenSimulatorConfig(model="scripted:no"), k=3)
+    _plain, vs = paired_configs(FrozenSimulatorConfig(model="scripted:no"), k=3)
     assert isinstance(vs, VerbalizedConfig) and vs.model == "scripted:no" and vs.k == 3
     assert isinstance(paired_configs(vs, 3)[0], FrozenSimulatorConfig)
     env = PersuasionForGood(source="synthetic", synthetic_tasks=30)

@@ -16,10 +16,11 @@ from scope_marl.config import ConfigError
 from scope_marl.evaluation.stats import t_interval
 from scope_marl.lab import arms, loop, report
 from scope_marl.lab import run as lab_run
-from scope_marl.lab.games import load_game
 from scope_marl.lab.episodes import play
+from scope_marl.lab.games import load_game
 from scope_marl.lab.games.exact import best_policy, expected_reward, played_weights
 from scope_marl.lab.games.p4g import FITTED, p4g_game
+from scope_marl.lab.games.theory import theory_game
 from scope_marl.lab.panel import (
     HELDOUT_PANEL,
     VALIDATION_PANEL,
@@ -40,7 +41,6 @@ from scope_marl.lab.simulators import (
     entropy_nats,
     sharpen,
 )
-from scope_marl.lab.games.theory import theory_game
 from scope_marl.simulators.candidates import Candidate, draw_candidate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,14 +7,14 @@ import copy
 import pytest
 import torch
 
-from scope_marl.core.types import SamplingParams
 from scope_marl.backends.hf import HFChatModel
-from scope_marl.envs import AGENT, USER, SayTheWord
-from scope_marl.config import RolloutConfig
-from scope_marl.rollout import RolloutEngine
 from scope_marl.backends.seat import Seat
+from scope_marl.config import LearnerConfig, RolloutConfig
+from scope_marl.core.types import SamplingParams
+from scope_marl.envs import AGENT, USER, SayTheWord
+from scope_marl.rollout import RolloutEngine
 from scope_marl.simulators import FrozenSimulator, TrainableSimulator
-from scope_marl.training.learner import Learner, LearnerConfig
+from scope_marl.training.learner import Learner
 
 SAMPLING = SamplingParams(temperature=0.9, max_new_tokens=32)
 
@@ -91,7 +91,7 @@ def test_a_step_raises_the_likelihood_of_advantaged_turns(co_training):
 def test_micro_batches_accumulate_to_the_full_batch_gradient(co_training):
     chat, episodes = co_training
     twin = copy.deepcopy(chat)
-    config = dict(lr=1e-2, aggregation="token_mean", max_grad_norm=1e9)
+    config = {"lr": 1e-2, "aggregation": "token_mean", "max_grad_norm": 1e9}
     full = Learner(chat, AGENT, "agent", SAMPLING.temperature, LearnerConfig(token_budget=100_000, **config))
     micro = Learner(twin, AGENT, "agent", SAMPLING.temperature, LearnerConfig(token_budget=200, **config))
     assert len(micro._micro_batches([e.streams[AGENT] for e in episodes])) > 2

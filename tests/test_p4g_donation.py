@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from scope_marl.core.types import Message
 from scope_marl.envs.base import AGENT, USER
 from scope_marl.envs.p4g.donation import episode_donation, parse_donation
-from scope_marl.core.types import Message
 
 # (persuadee message, dollars it commits to, or None for no commitment)
 TAGS = [

@@ -8,16 +8,16 @@ import random
 import pytest
 
 from scope_marl.backends.scripted import ScriptedChatModel
+from scope_marl.backends.seat import Seat
+from scope_marl.config import RolloutConfig
+from scope_marl.core.types import EpisodeStatus, Message
 from scope_marl.envs import AGENT, USER
 from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues, read_participants
 from scope_marl.envs.p4g.env import PersuasionForGood
 from scope_marl.envs.p4g.personas import PersonaSampler, persona_text
 from scope_marl.envs.p4g.split import check_disjoint, split_ids, stable_key
-from scope_marl.config import RolloutConfig
 from scope_marl.rollout import RolloutEngine, RolloutRecorder
-from scope_marl.backends.seat import Seat
 from scope_marl.simulators import FrozenSimulator
-from scope_marl.core.types import EpisodeStatus, Message
 
 CORPUS = find_corpus_dir(required=False)
 needs_corpus = pytest.mark.skipif(

@@ -7,14 +7,13 @@ import pickle
 import pandas as pd
 import torch
 
-from scope_marl.core.types import SamplingParams
 from scope_marl.backends.scripted import ScriptedChatModel
-from scope_marl.envs import AGENT, USER, SayTheWord, role_view
-from scope_marl.config import RolloutConfig
-from scope_marl.rollout import RolloutEngine, RolloutRecorder, read_episodes, summarize
 from scope_marl.backends.seat import Seat
+from scope_marl.config import RolloutConfig
+from scope_marl.core.types import EpisodeStatus, SamplingParams
+from scope_marl.envs import AGENT, USER, SayTheWord, role_view
+from scope_marl.rollout import RolloutEngine, RolloutRecorder, read_episodes, summarize
 from scope_marl.simulators import FrozenSimulator
-from scope_marl.core.types import EpisodeStatus
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=64)
 

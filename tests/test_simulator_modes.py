@@ -7,18 +7,16 @@ import json
 import pytest
 import torch
 
-from scope_marl.core.types import SamplingParams
+from scope_marl.assembly import ModelCache, build_simulator
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.scripted import ScriptedChatModel
-from scope_marl.config import ConfigError, RolloutRunConfig, parse_simulator_spec
-from scope_marl.envs import AGENT, USER, SayTheWord
-from scope_marl.config import RolloutConfig
-from scope_marl.rollout import RolloutEngine, summarize
-from scope_marl.assembly import ModelCache, build_simulator
 from scope_marl.backends.seat import Seat
+from scope_marl.config import ConfigError, RolloutConfig, RolloutRunConfig, parse_simulator_spec
+from scope_marl.core.types import EpisodeStatus, SamplingParams
+from scope_marl.envs import AGENT, USER, SayTheWord
+from scope_marl.rollout import RolloutEngine, summarize
 from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, TrainableSimulator, persona_guided
 from scope_marl.simulators.verbalized import VerbalizedSampling, json_schema, vs_metrics
-from scope_marl.core.types import EpisodeStatus
 
 AGENT_SEAT = Seat(model=ScriptedChatModel(["Say it, please."]))
 

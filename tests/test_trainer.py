@@ -87,8 +87,8 @@ def test_population_snapshots_go_to_the_pool(tiny_model_dir, tmp_path):
     members = trainer.pool.members
     assert [m.step for m in members] == [0, 2, 4] and members[0].pinned
     assert len({m.path for m in members}) == 3 and len({m.content_hash for m in members}) == 3
-    lines = [json.loads(l) for l in (tmp_path / "pop" / "metrics.jsonl").read_text().splitlines()]
-    played = [l["pool_member"] for l in lines]
+    lines = [json.loads(line) for line in (tmp_path / "pop" / "metrics.jsonl").read_text().splitlines()]
+    played = [line["pool_member"] for line in lines]
     assert played[0] == members[0].member_id and set(played) <= {m.member_id for m in members}
     assert set(trainer.member_rewards) == set(played), "the agent's reward against each played member is kept for prioritized selection"
 
@@ -118,7 +118,7 @@ def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
     subprocess.run([*cli, "--resume", str(tmp_path / "killed")], check=True, env=env, capture_output=True)
 
     def read(run):
-        return [comparable(json.loads(l)) for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [comparable(json.loads(line)) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
 
     straight, resumed = read("straight"), read("killed")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]

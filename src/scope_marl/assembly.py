@@ -7,6 +7,7 @@ one instance, and the engine can batch their turns together.
 from __future__ import annotations
 
 from scope_marl.backends import ChatModel, load_backend
+from scope_marl.backends.seat import Seat
 from scope_marl.config import (
     AgentConfig,
     EnvConfig,
@@ -21,7 +22,6 @@ from scope_marl.config import (
 )
 from scope_marl.envs import Environment, SayTheWord
 from scope_marl.rollout.engine import RolloutEngine
-from scope_marl.backends.seat import Seat
 from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, Simulator, TrainableSimulator, persona_guided
 
 

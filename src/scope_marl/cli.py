@@ -269,8 +269,8 @@ def diagnose_gamma_command(
 
     Example: scope diagnose gamma --simulator frozen:embedded --states 4 --samples 256
     """
-    from scope_marl.config import ConfigError, P4GConfig, SayTheWordConfig, parse_simulator_spec
     from scope_marl.assembly import build_env
+    from scope_marl.config import ConfigError, P4GConfig, SayTheWordConfig, parse_simulator_spec
     from scope_marl.core import files
     from scope_marl.evaluation.gamma import diagnose_gamma
 
@@ -285,7 +285,7 @@ def diagnose_gamma_command(
     table = Table(title=f"gamma diagnosis of {simulator}: {states} states x {samples} replies")
     for column in ("state", "side", "top-1 mass", "unique", "entropy", "Zipf slope", "entropy ratio"):
         table.add_column(column, justify="right")
-    fmt = lambda v: "-" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"
     rows = [(str(r["state"]), r) for r in result["states"]] + [("mean", result["mean"])]
     for label, r in rows:
         for side in ("plain", "vs"):

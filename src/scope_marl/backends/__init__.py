@@ -43,4 +43,4 @@ def load_backend(spec: str) -> ChatModel:
     raise BackendError(f"unknown model spec {spec!r}; expected one of: {SPEC_FORMS}")
 
 
-__all__ = ["BackendError", "ChatModel", "Generation", "SamplingParams", "TokenChatModel", "load_backend", "SPEC_FORMS"]
+__all__ = ["SPEC_FORMS", "BackendError", "ChatModel", "Generation", "SamplingParams", "TokenChatModel", "load_backend"]

@@ -12,8 +12,6 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from scope_marl.core.types import Message, SamplingParams
 
 

@@ -1,7 +1,7 @@
 """A transformers causal LM as a batched, token-in-token-out chat model.
 
 Why a hand-written decode loop instead of ``model.generate``: the learner must score exactly the
-sampled ids under exactly the distribution they were sampled from (DESIGN.md's log-prob
+sampled ids under exactly the distribution they were sampled from (docs/interfaces.md's log-prob
 definition), and a rollout engine needs many sequences of different lengths decoded together with
 few Python calls per token. The loop below keeps one preallocated KV cache per batch
 (:class:`SlotCache`), left-pads prompts, passes an explicit 4-D attention mask and position ids,
@@ -81,7 +81,7 @@ NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full s
 def sample_next(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one token per row. Returns (ids, log-probs, entropies) per DESIGN.md's definition."""
+    """Sample one token per row. Returns (ids, log-probs, entropies) per the log-prob definition in docs/interfaces.md."""
     greedy = sampling.temperature == 0.0
     logp = torch.log_softmax(logits.float() / (1.0 if greedy else sampling.temperature), dim=-1)
     probs = logp.exp()
@@ -365,10 +365,10 @@ class HFChatModel:
             tok, lp, ent = sample_next(logits, sampling, generator)
             self.timings["sample_s"] += time.perf_counter() - clock
             finished = []
-            for j, (t, l, e) in enumerate(zip(tok.tolist(), lp.tolist(), ent.tolist())):
+            for j, (t, logprob, e) in enumerate(zip(tok.tolist(), lp.tolist(), ent.tolist())):
                 row = rows[live[j]]
                 row.out.append(t)
-                row.logprobs.append(l)
+                row.logprobs.append(logprob)
                 row.entropies.append(e)
                 if t in self.stop_ids or (sampling.stop and self._hit_stop(row.out, sampling.stop)):
                     row.finish = "stop"

@@ -12,7 +12,6 @@ from scope_marl.config.rollout import RolloutConfig
 from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
 from scope_marl.core.types import EpisodeStatus, SamplingParams
 
-
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "dr_grpo"]
 
 

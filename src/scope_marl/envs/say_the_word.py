@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from scope_marl.envs.base import AGENT, USER, Environment, Task
 from scope_marl.core.types import Message
+from scope_marl.envs.base import AGENT, USER, Environment, Task
 
 WORDS = ["apple", "river", "yes", "blue", "seven", "music", "tree", "coffee", "moon", "paper", "green", "bread"]
 

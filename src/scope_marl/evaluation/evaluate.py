@@ -13,25 +13,24 @@ touches a training run's data cursor.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from scope_marl.assembly import ModelCache, build_env, build_simulator
 from scope_marl.backends import ChatModel, load_backend
+from scope_marl.backends.seat import Seat
+from scope_marl.config import RolloutConfig, TrainConfig, load_config
+from scope_marl.core import files, run_layout
+from scope_marl.core.seeds import derive_seed
+from scope_marl.core.types import Episode, EpisodeStatus
 from scope_marl.envs import AGENT
 from scope_marl.evaluation.diversity import Coverage, diversity
 from scope_marl.evaluation.panel import Panel, PanelSimulator
 from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve
-from scope_marl.assembly import ModelCache, build_env, build_simulator
-from scope_marl.backends.seat import Seat
-from scope_marl.config import RolloutConfig, TrainConfig, load_config
-from scope_marl.core import files, run_layout
 from scope_marl.rollout import RolloutEngine
-from scope_marl.core.types import Episode, EpisodeStatus
-from scope_marl.core.seeds import derive_seed
 
 
 @dataclass

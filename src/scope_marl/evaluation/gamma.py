@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from scope_marl.assembly import ModelCache, build_simulator
 from scope_marl.config import FrozenSimulatorConfig, LLMSimulatorFields, SimulatorConfig, VerbalizedConfig
+from scope_marl.core.seeds import derive_seed
+from scope_marl.core.types import Message
 from scope_marl.envs import AGENT, USER, Environment, role_view
 from scope_marl.evaluation.diversity import first_sentence
-from scope_marl.assembly import ModelCache, build_simulator
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
 from scope_marl.simulators.candidates import Candidate, draw_candidate
-from scope_marl.core.types import Message
-from scope_marl.core.seeds import derive_seed
 
 OPENERS = [
     "Hi! Have you heard of the charity Save the Children?",

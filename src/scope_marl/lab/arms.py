@@ -15,9 +15,12 @@ of the LLM path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ConfigDict, Field
+
+from scope_marl.config import Section
 from scope_marl.lab.games import Game
 from scope_marl.lab.simulators import FrozenActs, PopulationActs, TrainableActs, VerbalizedActs
 from scope_marl.simulators.base import Simulator
@@ -28,27 +31,32 @@ ARMS = ("single", "rotation", "vs_prob", "vs_random", "cotrain", "population")
 OPTIONAL_ARMS = ("oracle",)
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(Section):
     """Hyperparameters of one game. The optimizer and co-training values were chosen on the
     VALIDATION panel with ``python -m scope_marl.lab.tune`` (docs/lab.md); the simulator
     model (gammas, adherence, VS) is an assumption of the lab, fixed a priori and never tuned."""
 
-    steps: int = 150
-    groups: int = 8  # tasks (personas) per step, one GRPO group each
-    group_size: int = 8
-    lr: float = 0.1  # Adam on the agent's logits
-    kl_coef: float = 0.01  # k3 KL to the initial (uniform) policy, the release's value
-    sim_lr: float = 0.3  # Adam on the trainable simulator's logits
-    sim_kl_coef: float = 0.5  # k3 KL of the trainable simulator to its initial distribution
-    pool_every: int = 5  # a pool snapshot every N steps (release: 16, in runs of hundreds of steps)
-    pool_size: int = 10  # release default
-    eval_every: int = 15
-    eval_groups: int = 64  # per held-out simulator
-    eval_group_size: int = 8
-    train_gamma: float = 4.0  # the training LLM's collapse
-    train_adherence: float = 0.0  # ... and it ignores the persona it is given
-    rotation: tuple[tuple[float, float], ...] = ((4.0, 0.0), (3.0, 0.2), (6.0, 0.1))  # (gamma, adherence) of K = 3 LLMs
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(150, ge=1)
+    groups: int = Field(8, ge=1, description="tasks (personas) per step, one GRPO group each")
+    group_size: int = Field(8, ge=1)
+    lr: float = Field(0.1, gt=0, description="Adam on the agent's logits")
+    kl_coef: float = Field(0.01, ge=0, description="k3 KL to the initial (uniform) policy, the release's value")
+    sim_lr: float = Field(0.3, gt=0, description="Adam on the trainable simulator's logits")
+    sim_kl_coef: float = Field(0.5, ge=0, description="k3 KL of the trainable simulator to its initial distribution")
+    pool_every: int = Field(5, ge=1, description="a pool snapshot every N steps (release: 16, in runs of hundreds of steps)")
+    pool_size: int = Field(10, ge=2, description="release default")
+    eval_every: int = Field(15, ge=1)
+    eval_groups: int = Field(64, ge=1, description="per held-out simulator")
+    eval_group_size: int = Field(8, ge=1)
+    train_gamma: float = Field(4.0, gt=0, description="the training LLM's collapse")
+    train_adherence: float = Field(0.0, ge=0, le=1, description="... and it ignores the persona it is given")
+    rotation: tuple[tuple[float, float], ...] = Field(((4.0, 0.0), (3.0, 0.2), (6.0, 0.1)), description="(gamma, adherence) of K = 3 LLMs")
+
+    def replace(self, **overrides) -> Settings:
+        """A copy with some fields replaced, validated like the original."""
+        return Settings.model_validate({**self.model_dump(), **overrides})
 
 
 # lr, sim_lr, sim_kl_coef and pool_every as chosen by ``python -m scope_marl.lab.tune`` on the
@@ -61,7 +69,7 @@ SETTINGS = {
 
 def with_settings(game: str, **overrides) -> Settings:
     """The game's settings with some fields replaced (for tuning and tests)."""
-    return replace(SETTINGS[game], **overrides)
+    return SETTINGS[game].replace(**overrides)
 
 
 @dataclass

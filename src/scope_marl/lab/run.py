@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -89,7 +88,7 @@ def run_lab(game: str = "theory", arms: list[str] | None = None, seeds: int = 5,
             diffs = [r["final"]["heldout_reward"] - base[r["seed"]] for r in result["runs"] if r["seed"] in base]
             result["summary"]["heldout_vs_single"] = t_interval(diffs) if arm != "single" else None
     results = {
-        "game": game, "arms": arms, "seeds": seeds, "settings": asdict(s), "panel": panel_spec.model_dump(),
+        "game": game, "arms": arms, "seeds": seeds, "settings": s.model_dump(mode="json"), "panel": panel_spec.model_dump(),
         "panel_file": panel_file(panel), "game_notes": lab_game.notes,
         "interval": "95% Student-t interval over seeds",
         "results": {arm: r["summary"] for arm, r in per_arm.items()},

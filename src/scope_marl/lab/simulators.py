@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from scope_marl.core.seeds import derive_seed
 from scope_marl.envs.base import Task
 from scope_marl.lab.games import Game
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
@@ -39,7 +40,6 @@ from scope_marl.simulators.candidates import (
     draw_candidate,
 )
 from scope_marl.simulators.pool import SimulatorPool
-from scope_marl.core.seeds import derive_seed
 
 SNAPSHOT_FILE = "simulator.pt"
 # The VS paper reports that verbalizing recovers 66.8% of the base model's pre-alignment diversity;

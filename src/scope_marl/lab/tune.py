@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -64,9 +63,9 @@ def tune(game_name: str, seeds: int = 5, log=print) -> dict:
         s = apply(s, best)
         report["stages"][name] = {"arms": list(arms), "scores": {str(k): v for k, v in scores.items()}, "chosen": best}
 
-    stage("lr", FROZEN_ARMS, GRID["lr"], lambda s, v: replace(s, lr=v))
-    stage("sim_lr,sim_kl_coef", ("cotrain",), GRID["sim"], lambda s, v: replace(s, sim_lr=v[0], sim_kl_coef=v[1]))
-    stage("pool_every", ("population",), GRID["pool_every"], lambda s, v: replace(s, pool_every=v))
+    stage("lr", FROZEN_ARMS, GRID["lr"], lambda s, v: s.replace(lr=v))
+    stage("sim_lr,sim_kl_coef", ("cotrain",), GRID["sim"], lambda s, v: s.replace(sim_lr=v[0], sim_kl_coef=v[1]))
+    stage("pool_every", ("population",), GRID["pool_every"], lambda s, v: s.replace(pool_every=v))
     report["chosen"] = {"lr": s.lr, "sim_lr": s.sim_lr, "sim_kl_coef": s.sim_kl_coef, "pool_every": s.pool_every}
     log(f"[tune {game_name}] chosen: {report['chosen']}")
     return report

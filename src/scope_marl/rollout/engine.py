@@ -19,16 +19,17 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
 from tqdm.auto import tqdm
 
 from scope_marl.backends.base import Generation, TokenChatModel
 from scope_marl.backends.seat import Seat
 from scope_marl.config.rollout import RolloutConfig
 from scope_marl.core.seeds import derive_seed
+from scope_marl.core.types import Episode, EpisodeStatus, Message
 from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
 from scope_marl.rollout.streams import StreamBuilder
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
-from scope_marl.core.types import Episode, EpisodeStatus, Message
 
 
 @dataclass

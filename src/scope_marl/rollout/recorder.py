@@ -4,7 +4,6 @@ reads a batch file directly."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Sequence

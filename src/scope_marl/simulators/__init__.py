@@ -15,10 +15,10 @@ from scope_marl.simulators.trainable import TrainableSimulator
 from scope_marl.simulators.verbalized import Candidate, VerbalizedSampling, parse_candidates
 
 __all__ = [
+    "PERSONA_GUIDANCE",
     "Candidate",
     "FrozenSimulator",
     "LLMSimulator",
-    "PERSONA_GUIDANCE",
     "PoolMember",
     "PopulationSimulator",
     "Response",

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from scope_marl.backends.base import ChatModel, SamplingParams
 from scope_marl.backends.seat import Seat
-from scope_marl.simulators.base import Simulator, SimulatorTurn
 from scope_marl.core.types import Message
+from scope_marl.simulators.base import Simulator, SimulatorTurn
 
 
 class LLMSimulator(Simulator[str]):

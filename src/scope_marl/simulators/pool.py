@@ -118,7 +118,7 @@ def directory_hash(directory: str | os.PathLike[str]) -> str:
 
 
 def _make_read_only(directory: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(directory, topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(directory, topdown=False):
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), _READ_ONLY_FILE)
         os.chmod(dirpath, _READ_ONLY_DIR)

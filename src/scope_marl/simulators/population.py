@@ -14,10 +14,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from scope_marl.backends.base import SamplingParams
+from scope_marl.core.seeds import derive_seed
 from scope_marl.simulators.base import Simulator, SimulatorTurn
 from scope_marl.simulators.frozen import FrozenSimulator
 from scope_marl.simulators.pool import SimulatorPool
-from scope_marl.core.seeds import derive_seed
 
 
 class PopulationSimulator(Simulator[str]):

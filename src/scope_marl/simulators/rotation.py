@@ -11,8 +11,8 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
-from scope_marl.simulators.base import Reply, Simulator, SimulatorTurn
 from scope_marl.core.seeds import derive_seed
+from scope_marl.simulators.base import Reply, Simulator, SimulatorTurn
 
 
 class Rotation(Simulator[Reply]):

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 from scope_marl.backends.base import ChatModel, SamplingParams, TokenChatModel
+from scope_marl.core.seeds import derive_seed
+from scope_marl.core.types import Message
 from scope_marl.simulators.base import Response, SimulatorTurn
 from scope_marl.simulators.candidates import Candidate, candidate_entropy, draw_candidate, parse_candidates
 from scope_marl.simulators.frozen import LLMSimulator
-from scope_marl.core.types import Message
-from scope_marl.core.seeds import derive_seed
 
 __all__ = ["Candidate", "VerbalizedSampling", "parse_candidates", "vs_metrics"]
 
@@ -128,7 +128,7 @@ class VerbalizedSampling(LLMSimulator):
         candidates: list[list[Candidate]] = [[] for _ in turns]
         raw_last = [""] * len(turns)
         per_call = [self.k // self.calls + (1 if c < self.k % self.calls else 0) for c in range(self.calls)]
-        for attempt in range(self.max_retries + 1):
+        for _attempt in range(self.max_retries + 1):
             pending = [i for i, c in enumerate(candidates) if not c]
             if not pending:
                 break

@@ -15,10 +15,11 @@ import time
 from collections.abc import Sequence
 
 import torch
+
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config.train import LearnerConfig
+from scope_marl.core.types import Episode, RoleStream
 from scope_marl.training.losses import group_advantages, policy_loss, zero_variance_share
-from scope_marl.core.types import Episode, EpisodeStatus, RoleStream
 
 
 class Learner:

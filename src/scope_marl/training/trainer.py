@@ -223,7 +223,7 @@ class Trainer:
         state = {"cursor": self.cursor, "best": self.best, "pool": str(self.run_dir / run_layout.POOL) if self.pool else None,
                  "member_rewards": self.member_rewards}
         path = checkpoint.save(self.run_dir, self.step, self.chat, adapters,
-                               {role: l.optimizer for role, l in self.learners.items()}, state, self.engine.state_dict(),
+                               {role: learner.optimizer for role, learner in self.learners.items()}, state, self.engine.state_dict(),
                                weights={ADAPTERS[AGENT]: self.agent_chat} if self.full else None)
         checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]).name if self.best else None)
         return path
@@ -252,8 +252,8 @@ class Trainer:
         """Drop metric lines of steps after the checkpoint (they will be played again)."""
         if not self.metrics_path.exists():
             return
-        lines = [l for l in self.metrics_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= self.step]
-        files.write_text(self.metrics_path, "".join(l + "\n" for l in lines))
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= self.step]
+        files.write_text(self.metrics_path, "".join(line + "\n" for line in lines))
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:

@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scope_marl.envs.base import AGENT, USER
 from scope_marl.core.types import Message
+from scope_marl.envs.base import AGENT, USER
 
 ENV_VAR = "SCOPE_P4G_DIR"
 FILES = ("full_dialog.csv", "full_info.csv", "300_dialog.csv", "300_info.csv")

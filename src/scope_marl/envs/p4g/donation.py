@@ -30,8 +30,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scope_marl.envs.base import AGENT, USER
 from scope_marl.core.types import Message
+from scope_marl.envs.base import AGENT, USER
 
 PAYMENT = 2.0  # dollars: the task payment a persuadee can give part of
 
@@ -537,7 +537,7 @@ def _own_giving(before: str) -> bool:
     """The persuader talks about its own gift, unless it then turns to the persuadee ("we cannot
     donate $5. Would you like to donate $1?")."""
     own = None
-    for own in _OWN_GIVING.finditer(before):
+    for own in _OWN_GIVING.finditer(before):  # noqa: B007 (the last match is wanted)
         pass
     return own is not None and not re.search(r"\byou\b", before[own.end():], re.I)
 

@@ -12,13 +12,12 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
+from scope_marl.core.types import Message
 from scope_marl.envs.base import AGENT, USER, Environment, Task
 from scope_marl.envs.p4g.corpus import find_corpus_dir, read_dialogues, read_participants
 from scope_marl.envs.p4g.donation import PAYMENT, episode_donation, has_donation_tag, parse_donation
 from scope_marl.envs.p4g.personas import PersonaSampler, persona_text
 from scope_marl.envs.p4g.split import DEFAULT_FRACTIONS, SPLITS, check_disjoint, split_ids
-from scope_marl.core.types import Message
-
 
 # The persona comes first and the task last: small models follow the most recent instruction
 # and otherwise tend to recite the persona instead of acting on it.
