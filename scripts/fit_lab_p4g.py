@@ -1,6 +1,6 @@
 """Fit the collapse lab's ``p4g`` game from the 300 annotated Persuasion for Good dialogues.
 
-Writes src/scope_marl/envs/lab/p4g_lab.json: label groupings, persona groups, a smoothed reply model
+Writes src/scope_marl/lab/games/p4g_lab.json: label groupings, persona groups, a smoothed reply model
 p(persuadee act | persona group, previous act, persuader strategy), an outcome model (reward from
 the acts), and the cross-validation figures behind every fitted choice. No text and no per-dialogue
 record is stored: only probabilities, weights and aggregate counts. docs/lab.md explains each choice.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scope_marl.envs.p4g.corpus import find_corpus_dir, read_participants
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "scope_marl" / "envs" / "lab" / "p4g_lab.json"
+OUT = Path(__file__).resolve().parents[1] / "src" / "scope_marl" / "lab" / "games" / "p4g_lab.json"
 
 # ---- label groups ----------------------------------------------------------------------------
 # A turn carries several sentence labels; the turn's strategy (act) is the first group, in this

@@ -77,6 +77,24 @@ def test_config_errors_name_the_field_and_the_allowed_values(tmp_path, text, nee
         assert needle in str(info.value)
 
 
+def test_a_misspelt_field_gets_a_did_you_mean_and_the_allowed_fields(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "rollout: {group_sise: 2}\n"))
+    assert "rollout.group_sise: unknown field" in str(info.value) and "did you mean 'group_size'?" in str(info.value)
+
+
+def test_learner_sections_are_typed_so_their_typos_fail_when_the_config_loads(tmp_path):
+    from scope_marl.config import LearnerConfig, TrainConfig
+
+    cfg = load_config(write(tmp_path, "learner: {lr: 0.001, kl_coef: 0.0}\nsimulator_learner: {lr: 0.01}\n"), TrainConfig)
+    assert isinstance(cfg.learner, LearnerConfig) and cfg.learner.lr == 0.001 and cfg.simulator_learner.lr == 0.01
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "learner: {lrr: 0.001}\n"), TrainConfig)
+    assert "learner.lrr: unknown field" in str(info.value) and "did you mean 'lr'?" in str(info.value)
+    with pytest.raises(ConfigError, match=r"learner\.aggregation"):
+        load_config(write(tmp_path, "learner: {aggregation: mean}\n"), TrainConfig)
+
+
 def test_rollout_cli_reports_config_errors_without_traceback(tmp_path):
     result = runner.invoke(app, ["rollout", str(write(tmp_path, "split: dev\n")), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2

@@ -77,8 +77,8 @@ NO_COMMITMENT = [
     ("   ", None),
 ]
 SEVERAL = [
-    ("I was going to give $1 but I'll do $0.50", 0.5),  # DESIGN example, verbatim
-    ("I earned $2 and I'll give $0.75 of it", 0.75),  # DESIGN example, verbatim
+    ("I was going to give $1 but I'll do $0.50", 0.5),  # the binding example (docs/interfaces.md), verbatim
+    ("I earned $2 and I'll give $0.75 of it", 0.75),  # the binding example (docs/interfaces.md), verbatim
     ("I'll donate $1. Actually, make it $1.25.", 1.25),
     ("I won't donate $2, but I'll donate $1", 1.0),
     ("I'll give $1... no, I don't want to donate after all.", 0.0),

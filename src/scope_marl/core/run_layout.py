@@ -8,6 +8,7 @@ A neutral module below both, so neither has to import the other to find a checkp
         rollouts/episodes-NNNNN.jsonl   every rollout batch
         evals/step-NNNNNN.json          periodic evaluations
         pool/                           population co-training's simulator pool
+        tensorboard/                    the optional TensorBoard mirror of metrics.jsonl
         checkpoints/step-NNNNNN/
             adapters/<name>/            peft adapter files, one folder per trained adapter
             weights/<name>.safetensors  full fine-tuning: every weight of that policy's model
@@ -27,6 +28,7 @@ METRICS = "metrics.jsonl"
 ROLLOUTS = "rollouts"
 EVALS = "evals"
 POOL = "pool"
+TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
 STATE = "state.json"

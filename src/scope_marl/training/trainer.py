@@ -95,7 +95,7 @@ class Trainer:
         self.models = models
         self.recorder = RolloutRecorder(self.run_dir / run_layout.ROLLOUTS)
         self.metrics_path = self.run_dir / run_layout.METRICS
-        self.tensorboard = TensorBoardWriter(self.run_dir / "tensorboard") if cfg.tensorboard else None
+        self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard else None
         self.pool = None
         self.step = 0
         self.cursor = 0
