@@ -24,10 +24,12 @@ def result_line(results: dict, seconds: float) -> str:
     def final(arm: str, key: str) -> str:
         return f"{r[arm]['final'][key]['mean']:.4f}" if arm in r else "nan"
 
-    return (f"RESULT game={results['game']} seconds={seconds:.1f} single_train={final('single', 'train_reward')} "
-            f"single_heldout={final('single', 'heldout_reward')} vs_heldout={final('vs_prob', 'heldout_reward')} "
-            f"cotrain_heldout={final('cotrain', 'heldout_reward')} population_heldout={final('population', 'heldout_reward')} "
-            f"single_entropy={final('single', 'policy_entropy')} cotrain_entropy={final('cotrain', 'policy_entropy')}")
+    return (
+        f"RESULT game={results['game']} seconds={seconds:.1f} single_train={final('single', 'train_reward')} "
+        f"single_heldout={final('single', 'heldout_reward')} vs_heldout={final('vs_prob', 'heldout_reward')} "
+        f"cotrain_heldout={final('cotrain', 'heldout_reward')} population_heldout={final('population', 'heldout_reward')} "
+        f"single_entropy={final('single', 'policy_entropy')} cotrain_entropy={final('cotrain', 'policy_entropy')}"
+    )
 
 
 def main() -> None:

@@ -63,7 +63,7 @@ def relevant_message(messages: list[Message], annotated: float) -> str:
             return m.content
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].role == AGENT and mentions(messages[i], annotated):
-            reply = next((m for m in messages[i + 1:] if m.role == USER), None)
+            reply = next((m for m in messages[i + 1 :] if m.role == USER), None)
             if reply is not None:
                 return reply.content
     users = [m.content for m in messages if m.role == USER]
@@ -96,8 +96,7 @@ def report(rows, dialogues, intended, examples: int, title: str) -> float:
         print(f"{'parsed ' + parsed_kind:>16}{table[(parsed_kind, 'zero')]:>10}{table[(parsed_kind, 'positive')]:>14}")
     misses = [(did, a, p) for did, a, p in rows if not same(a, p)]
     causes = Counter(cause(dialogues[did], intended[did]) for did, _, _ in misses)
-    print(f"misses={len(misses)}: (a) persuader only={causes['a']}  (b) nowhere={causes['b']}  "
-          f"(c) parser error={causes['c']}")
+    print(f"misses={len(misses)}: (a) persuader only={causes['a']}  (b) nowhere={causes['b']}  (c) parser error={causes['c']}")
     if examples:
         print(f"example misses (up to {examples}; cause, dialogue, annotated, parsed, persuadee message):")
         order = {"c": 0, "a": 1, "b": 2}
@@ -105,8 +104,7 @@ def report(rows, dialogues, intended, examples: int, title: str) -> float:
         for did, a, p in shown:
             text = relevant_message(dialogues[did], intended[did]).replace("\n", " ")
             text = text if len(text) <= 140 else text[:137] + "..."
-            print(f"  ({cause(dialogues[did], intended[did])}) {did}  ann={intended[did]:g} (={a:.2f})  "
-                  f"parsed={p:.2f}  | {text}")
+            print(f"  ({cause(dialogues[did], intended[did])}) {did}  ann={intended[did]:g} (={a:.2f})  parsed={p:.2f}  | {text}")
     return rate
 
 

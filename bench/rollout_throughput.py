@@ -129,7 +129,9 @@ def main() -> None:
     header = f"{'run':<12}{'episodes':>9}{'gen tokens':>11}{'seconds':>9}{'tok/s':>9}{'x naive':>9}{'of bound':>9}{'prefill tok':>12}{'reused tok':>11}"
     print(header)
     print("-" * len(header))
-    print(f"{'naive HF':<12}{len(naive_tasks):>9}{naive_tokens:>11}{naive_s:>9.1f}{naive_tok_s:>9.1f}{1.0:>9.2f}{naive_tok_s / bound:>9.3f}{'-':>12}{'-':>11}")
+    print(
+        f"{'naive HF':<12}{len(naive_tasks):>9}{naive_tokens:>11}{naive_s:>9.1f}{naive_tok_s:>9.1f}{1.0:>9.2f}{naive_tok_s / bound:>9.3f}{'-':>12}{'-':>11}"
+    )
     engine_tok_s = 0.0
     runs = {}
     for i, size in enumerate(sizes):

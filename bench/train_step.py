@@ -32,7 +32,12 @@ from scope_marl.envs.p4g.env import PersuasionForGood
 from scope_marl.training.learner import Learner
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 8, 4, 48
-LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+LORA = {
+    "r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
 LR, BETA, EPS_LOW, EPS_HIGH = 1e-5, 0.01, 0.2, 0.28
 AMOUNT = re.compile(r"\$\s?\d|\d+\s*(?:dollars?|cents?)", re.IGNORECASE)
 
@@ -72,10 +77,26 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
         for i, out in enumerate(outs):
             n = len(out.token_ids)
             r = reward(out.text)
-            stream = RoleStream(role=AGENT, prompt_ids=out.prompt_ids, response_ids=out.token_ids, loss_mask=[1] * n,
-                                logprobs=out.logprobs, entropies=out.entropies, adapter="agent", reward=r)
-            episodes.append(Episode(episode_id=f"{step}-{i}", task_id=str(i // GENERATIONS), group_id=f"{step}-{i // GENERATIONS}",
-                                    simulator_id="none", streams={AGENT: stream}, rewards={AGENT: r}))
+            stream = RoleStream(
+                role=AGENT,
+                prompt_ids=out.prompt_ids,
+                response_ids=out.token_ids,
+                loss_mask=[1] * n,
+                logprobs=out.logprobs,
+                entropies=out.entropies,
+                adapter="agent",
+                reward=r,
+            )
+            episodes.append(
+                Episode(
+                    episode_id=f"{step}-{i}",
+                    task_id=str(i // GENERATIONS),
+                    group_id=f"{step}-{i // GENERATIONS}",
+                    simulator_id="none",
+                    streams={AGENT: stream},
+                    rewards={AGENT: r},
+                )
+            )
             tokens += n
             processed += n
         processed += sum(len(p) for p in {tuple(o.prompt_ids) for o in outs})  # each group's prompt runs once
@@ -83,9 +104,15 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
         t2 = time.perf_counter()
         gen_s += t1 - t0
         upd_s += t2 - t1
-    return {"generate_s": gen_s / steps, "update_s": upd_s / steps, "step_s": (gen_s + upd_s) / steps,
-            "tok_s": tokens / (gen_s + upd_s), "tokens": tokens / steps, "processed": processed / steps,
-            "params": sum(p.numel() for p in chat.model.base_model.model.parameters())}
+    return {
+        "generate_s": gen_s / steps,
+        "update_s": upd_s / steps,
+        "step_s": (gen_s + upd_s) / steps,
+        "tok_s": tokens / (gen_s + upd_s),
+        "tokens": tokens / steps,
+        "processed": processed / steps,
+        "params": sum(p.numel() for p in chat.model.base_model.model.parameters()),
+    }
 
 
 def trl(steps: int, chats: list[list[Message]]) -> dict:
@@ -118,21 +145,48 @@ def trl(steps: int, chats: list[list[Message]]) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
-            max_completion_length=NEW_TOKENS, temperature=1.0, learning_rate=LR, beta=BETA, loss_type="grpo",
-            epsilon=EPS_LOW, epsilon_high=EPS_HIGH, scale_rewards="none", bf16=False, fp16=False, use_cpu=True,
-            gradient_checkpointing=False, max_steps=steps, logging_steps=1, report_to="none", save_strategy="no",
-            num_iterations=1, seed=0,
+            output_dir=out,
+            per_device_train_batch_size=PROMPTS * GENERATIONS,
+            num_generations=GENERATIONS,
+            max_completion_length=NEW_TOKENS,
+            temperature=1.0,
+            learning_rate=LR,
+            beta=BETA,
+            loss_type="grpo",
+            epsilon=EPS_LOW,
+            epsilon_high=EPS_HIGH,
+            scale_rewards="none",
+            bf16=False,
+            fp16=False,
+            use_cpu=True,
+            gradient_checkpointing=False,
+            max_steps=steps,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            num_iterations=1,
+            seed=0,
         )
         timer = StepTimer()
-        trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=config, train_dataset=data,
-                              processing_class=tokenizer, peft_config=LoraConfig(**LORA), callbacks=[timer])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward_fn],
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            peft_config=LoraConfig(**LORA),
+            callbacks=[timer],
+        )
         started = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - started
     step_times = [b - a for a, b in zip(timer.marks[::2], timer.marks[1::2])]
-    return {"step_s": total / steps, "callback_step_s": sum(step_times) / max(len(step_times), 1),
-            "tok_s": sum(generated) / total, "tokens": sum(generated) / steps}
+    return {
+        "step_s": total / steps,
+        "callback_step_s": sum(step_times) / max(len(step_times), 1),
+        "tok_s": sum(generated) / total,
+        "tokens": sum(generated) / steps,
+    }
 
 
 def main() -> None:
@@ -145,14 +199,20 @@ def main() -> None:
     a = ours(args.steps, chats)
     b = trl(args.steps, chats)
     bound = 6 * a["params"] * a["processed"] / (gflops * 1e9)
-    print(f"SmolLM2-135M fp32, {torch.get_num_threads()} threads, GEMM {gflops:.1f} GFLOP/s; {PROMPTS} prompts x {GENERATIONS}, <= {NEW_TOKENS} new tokens, LoRA r16")
+    print(
+        f"SmolLM2-135M fp32, {torch.get_num_threads()} threads, GEMM {gflops:.1f} GFLOP/s; {PROMPTS} prompts x {GENERATIONS}, <= {NEW_TOKENS} new tokens, LoRA r16"
+    )
     print()
     print(f"{'library':<8}{'step s':>9}{'generate s':>12}{'update s':>10}{'gen tok/step':>14}{'tok/s':>9}")
     print(f"{'ours':<8}{a['step_s']:>9.1f}{a['generate_s']:>12.1f}{a['update_s']:>10.1f}{a['tokens']:>14.0f}{a['tok_s']:>9.1f}")
-    print(f"{'trl':<8}{b['step_s']:>9.1f}{'-':>12}{'-':>10}{b['tokens']:>14.0f}{b['tok_s']:>9.1f}   (trl does not split phases; callback step {b['callback_step_s']:.1f}s)")
+    print(
+        f"{'trl':<8}{b['step_s']:>9.1f}{'-':>12}{'-':>10}{b['tokens']:>14.0f}{b['tok_s']:>9.1f}   (trl does not split phases; callback step {b['callback_step_s']:.1f}s)"
+    )
     print()
-    print(f"RESULT ours_tok_s={a['tok_s']:.2f} trl_tok_s={b['tok_s']:.2f} ratio={a['tok_s'] / b['tok_s']:.2f} "
-          f"update_bound_fraction={bound / a['update_s']:.3f}")
+    print(
+        f"RESULT ours_tok_s={a['tok_s']:.2f} trl_tok_s={b['tok_s']:.2f} ratio={a['tok_s'] / b['tok_s']:.2f} "
+        f"update_bound_fraction={bound / a['update_s']:.3f}"
+    )
 
 
 if __name__ == "__main__":

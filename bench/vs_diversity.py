@@ -81,8 +81,12 @@ def main() -> None:
     env = PersuasionForGood(source="auto", word_limit=30)
     states = dialogue_states(env, args.states)
     turns = [
-        SimulatorTurn(f"s{i}-r{r}", task, role_view(messages, USER, env.system_prompt(task, USER)),
-                      rules=lambda text, task=task: env.normalize_user_reply(task, text))
+        SimulatorTurn(
+            f"s{i}-r{r}",
+            task,
+            role_view(messages, USER, env.system_prompt(task, USER)),
+            rules=lambda text, task=task: env.normalize_user_reply(task, text),
+        )
         for i, (task, messages) in enumerate(states)
         for r in range(args.replies)
     ]
@@ -92,8 +96,10 @@ def main() -> None:
         "vs_prob": VerbalizedSampling(chat, k=args.k, method="prob", sampling=sampling, seed=0),
         "vs_random": VerbalizedSampling(chat, k=args.k, method="random", sampling=sampling, seed=0),
     }
-    print(f"{len(states)} P4G states ({env.source} personas), {args.replies} replies each, k={args.k}, "
-          f"T={sampling.temperature}, top_p={sampling.top_p}, <= {args.max_new_tokens} tokens per text")
+    print(
+        f"{len(states)} P4G states ({env.source} personas), {args.replies} replies each, k={args.k}, "
+        f"T={sampling.temperature}, top_p={sampling.top_p}, <= {args.max_new_tokens} tokens per text"
+    )
     print()
     header = f"{'condition':<11}{'parse ok':>9}{'fallback':>9}{'distinct-2':>11}{'unique 1st':>11}{'top-1 mass':>11}{'seconds':>9}"
     print(header)
@@ -108,7 +114,9 @@ def main() -> None:
         per_state = [texts[i * args.replies : (i + 1) * args.replies] for i in range(len(states))]
         row = diversity(per_state)
         if hasattr(out[0], "info"):
-            fake = [Episode(episode_id="x", task_id="x", group_id="x", simulator_id=name, metadata={"simulator_turns": [o.info for o in out]})]
+            fake = [
+                Episode(episode_id="x", task_id="x", group_id="x", simulator_id=name, metadata={"simulator_turns": [o.info for o in out]})
+            ]
             m = vs_metrics(fake)
             row.update(parse_ok=m["parse_success_rate"], fallback=m["fallback_rate"])
         row["seconds"] = seconds
@@ -116,7 +124,9 @@ def main() -> None:
         example[name] = per_state[0][:3]
         parse_ok = "-" if name == "plain" else f"{row['parse_ok']:.3f}"
         fallback = "-" if name == "plain" else f"{row['fallback']:.3f}"
-        print(f"{name:<11}{parse_ok:>9}{fallback:>9}{row['distinct2']:>11.3f}{row['unique_first']:>11.3f}{row['top1']:>11.3f}{seconds:>9.1f}")
+        print(
+            f"{name:<11}{parse_ok:>9}{fallback:>9}{row['distinct2']:>11.3f}{row['unique_first']:>11.3f}{row['top1']:>11.3f}{seconds:>9.1f}"
+        )
     print()
     for name, replies in example.items():
         print(f"{name}, state 0: " + " || ".join(r[:80].replace("\n", " ") for r in replies))

@@ -27,10 +27,14 @@ def main() -> None:
     panel = demo_panel()
     for arm in ARMS:
         cfg = arm_config(arm, args.steps)
-        cfg.eval = cfg.eval.model_copy(update={"every": args.eval_every, "tasks": panel.tasks_per_simulator, "group_size": 1, "panel": "offline"})
+        cfg.eval = cfg.eval.model_copy(
+            update={"every": args.eval_every, "tasks": panel.tasks_per_simulator, "group_size": 1, "panel": "offline"}
+        )
         print(f"[{arm}] training {args.steps} steps, evaluating every {args.eval_every}")
         start(cfg, args.out / arm).run()
-    report = write_report([args.out / arm for arm in ARMS], args.out / "report", title=f"Demo arms, {args.steps} GRPO steps on SmolLM2-135M")
+    report = write_report(
+        [args.out / arm for arm in ARMS], args.out / "report", title=f"Demo arms, {args.steps} GRPO steps on SmolLM2-135M"
+    )
     print(report.read_text())
     print(f"report: {report}")
 

@@ -46,8 +46,13 @@ ACTS = {
     "disagree": ["disagree-donation", "disagree-donation-more"],
     "negative": ["negative-reaction-to-donation"],
     "positive": ["positive-reaction-to-donation"],
-    "ask": ["ask-org-info", "ask-donation-procedure", "ask-persuader-donation-intention", "task-related-inquiry",
-            "personal-related-inquiry"],
+    "ask": [
+        "ask-org-info",
+        "ask-donation-procedure",
+        "ask-persuader-donation-intention",
+        "task-related-inquiry",
+        "personal-related-inquiry",
+    ],
     "neutral": ["neutral-reaction-to-donation"],
     "other": [],  # greeting, thank, acknowledgement, off-task, closing, answers to inquiries ...
 }
@@ -89,8 +94,13 @@ def read_turns(path: Path) -> dict[str, list[tuple[str, str | None]]]:
             else:
                 turn["persuadee"].update(x for x in (row["ee_label_1"], row["ee_label_2"]) if x)
                 turn["answered"] = True
-    return {d: [(group_of(t["persuader"], STRATEGIES), group_of(t["persuadee"], ACTS) if t["answered"] else None)
-                for _, t in sorted(by_turn.items())] for d, by_turn in turns.items()}
+    return {
+        d: [
+            (group_of(t["persuader"], STRATEGIES), group_of(t["persuadee"], ACTS) if t["answered"] else None)
+            for _, t in sorted(by_turn.items())
+        ]
+        for d, by_turn in turns.items()
+    }
 
 
 # ---- reply model ---------------------------------------------------------------------------------
@@ -144,6 +154,7 @@ def cross_validate_reply(dialogues, persona, beta, drop: str | None = None) -> f
     """Mean held-out log-likelihood per turn over dialogue folds; ``drop`` blanks a conditioning variable."""
     total = 0.0
     for fold in folds_of(list(dialogues)):
+
         def data(keep):
             rows = transitions({d: t for d, t in dialogues.items() if keep(d)}, persona)
             if drop == "persona":
@@ -151,6 +162,7 @@ def cross_validate_reply(dialogues, persona, beta, drop: str | None = None) -> f
             if drop == "previous":
                 rows = [(g, len(ACTS), s, a) for g, _, s, a in rows]
             return rows
+
         table = fit_reply(data(lambda d, fold=fold: d not in fold), beta)
         total += log_likelihood(table, data(lambda d, fold=fold: d in fold)) / FOLDS
     return total
@@ -223,13 +235,17 @@ def main() -> None:
     cares = [p.survey["care"] for p in everyone]
     mc, md = sum(cares) / len(cares), sum(don) / len(don)
     corr = sum((c - mc) * (x - md) for c, x in zip(cares, don)) / math.sqrt(
-        sum((c - mc) ** 2 for c in cares) * sum((x - md) ** 2 for x in don))
+        sum((c - mc) ** 2 for c in cares) * sum((x - md) ** 2 for x in don)
+    )
 
     # Reply model: smoothing strength by cross-validated log-likelihood.
     cv = {beta: cross_validate_reply(dialogues, persona, beta) for beta in BETAS}
     beta = max(cv, key=cv.get)
-    ablation = {"full": cv[beta], "without_persona": cross_validate_reply(dialogues, persona, beta, "persona"),
-                "without_previous_act": cross_validate_reply(dialogues, persona, beta, "previous")}
+    ablation = {
+        "full": cv[beta],
+        "without_persona": cross_validate_reply(dialogues, persona, beta, "persona"),
+        "without_previous_act": cross_validate_reply(dialogues, persona, beta, "previous"),
+    }
     data = transitions(dialogues, persona)
     table = fit_reply(data, beta)
 
@@ -265,14 +281,14 @@ def main() -> None:
         "personas": {
             "names": list(PERSONAS),
             "rule": f"moral-foundation care score of the persuadee >= {CARE_CUT} -> high-care, else lower-care; "
-                    "missing score -> the larger group",
+            "missing score -> the larger group",
             "dialogues": [sizes[0], sizes[1]],
             "weights": [rnd(sizes[0] / len(dialogues)), rnd(sizes[1] / len(dialogues))],
             "care_donation_correlation_all_persuadees": rnd(corr),
         },
         "reply": {
             "model": "p(act | persona, previous act, strategy), interpolated back-off p(a) -> p(a|s) -> p(a|s,g) -> "
-                     "p(a|g,prev,s), each level (n(a) + beta * parent(a)) / (n + beta); p(a) add-one",
+            "p(a|g,prev,s), each level (n(a) + beta * parent(a)) / (n + beta); p(a) add-one",
             "beta": beta,
             "cv_log_likelihood_per_turn": {str(b): rnd(v) for b, v in cv.items()},
             "cv_ablation_log_likelihood_per_turn": {k: rnd(v) for k, v in ablation.items()},
@@ -292,9 +308,11 @@ def main() -> None:
         },
     }
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes): beta={beta} (cv ll {cv[beta]:.4f}), "
-          f"ablation {ablation}, outcome lambda={lam} cv R2={r2[lam]:.3f} (actual-donation target: {r2_actual:.3f}), "
-          f"groups {dict(sizes)}, care-donation r={corr:+.3f}")
+    print(
+        f"wrote {args.out} ({args.out.stat().st_size} bytes): beta={beta} (cv ll {cv[beta]:.4f}), "
+        f"ablation {ablation}, outcome lambda={lam} cv R2={r2[lam]:.3f} (actual-donation target: {r2_actual:.3f}), "
+        f"groups {dict(sizes)}, care-donation r={corr:+.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,12 @@ def test_embedded_model_converts_once_then_loads_fast_and_generates(capsys):
         print(f"\n[embedded] conversion-or-cache-check {first:.1f}s, load from cache {reload_s:.2f}s")
     assert reload_s < 3.0
     assert chat.model.config.num_hidden_layers == 30 and chat.model.dtype.is_floating_point
-    prompts = [[Message(role="system", content="Answer in one short sentence."), Message(role="user", content="What color is the sky on a clear day?")]]
+    prompts = [
+        [
+            Message(role="system", content="Answer in one short sentence."),
+            Message(role="user", content="What color is the sky on a clear day?"),
+        ]
+    ]
     out = chat.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))[0]
     assert "blue" in out.text.lower()
     assert out.mean_logprob is not None and -3.0 < out.mean_logprob <= 0.0

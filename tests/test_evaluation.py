@@ -112,20 +112,22 @@ GIVES, REFUSES = "Okay, I will donate. [DONATE $2]", "No thanks, I will not dona
 
 
 def scripted_panel(**overrides) -> Panel:
-    return Panel.model_validate({
-        "name": "scripted",
-        "env": {"name": "p4g", "source": "synthetic", "synthetic_tasks": 40, "max_exchanges": 2},
-        "tasks_per_simulator": 3,
-        "samples_per_task": 2,
-        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 8},
-        "coverage": {"clusters": 3, "reference": "pooled"},
-        "simulators": [
-            {"id": "giver", "training": True, "simulator": {"mode": "frozen", "model": f"scripted:{GIVES}"}},
-            {"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}},
-            {"id": "mixed", "simulator": {"mode": "frozen", "model": f"scripted:{GIVES}|{REFUSES}|{REFUSES}"}},
-        ],
-        **overrides,
-    })
+    return Panel.model_validate(
+        {
+            "name": "scripted",
+            "env": {"name": "p4g", "source": "synthetic", "synthetic_tasks": 40, "max_exchanges": 2},
+            "tasks_per_simulator": 3,
+            "samples_per_task": 2,
+            "agent_sampling": {"temperature": 1.0, "max_new_tokens": 8},
+            "coverage": {"clusters": 3, "reference": "pooled"},
+            "simulators": [
+                {"id": "giver", "training": True, "simulator": {"mode": "frozen", "model": f"scripted:{GIVES}"}},
+                {"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}},
+                {"id": "mixed", "simulator": {"mode": "frozen", "model": f"scripted:{GIVES}|{REFUSES}|{REFUSES}"}},
+            ],
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture
@@ -150,8 +152,12 @@ def test_held_out_aggregate_excludes_training_simulators(agent):
 
 
 def test_policy_entropy_equals_a_hand_computed_value(agent, tiny_chat):
-    panel = scripted_panel(simulators=[{"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}}],
-                           tasks_per_simulator=1, samples_per_task=1, agent_sampling={"temperature": 0.8, "max_new_tokens": 5})
+    panel = scripted_panel(
+        simulators=[{"id": "refuser", "simulator": {"mode": "frozen", "model": f"scripted:{REFUSES}"}}],
+        tasks_per_simulator=1,
+        samples_per_task=1,
+        agent_sampling={"temperature": 0.8, "max_new_tokens": 5},
+    )
     from scope_marl.assembly import build_env
     from scope_marl.envs import AGENT
     from scope_marl.evaluation.evaluate import play
@@ -184,8 +190,10 @@ def test_evaluating_twice_with_the_same_seed_gives_identical_numbers(agent):
     finally:
         torch.use_deterministic_algorithms(False)
     assert first == second
-    assert first["simulators"]["mixed"]["diversity"] != other_seed["simulators"]["mixed"]["diversity"] or \
-        first["simulators"]["mixed"]["policy_entropy"] != other_seed["simulators"]["mixed"]["policy_entropy"]
+    assert (
+        first["simulators"]["mixed"]["diversity"] != other_seed["simulators"]["mixed"]["diversity"]
+        or first["simulators"]["mixed"]["policy_entropy"] != other_seed["simulators"]["mixed"]["policy_entropy"]
+    )
 
 
 # ---- inside training, scope eval on a run, scope report --------------------------------------------
@@ -203,27 +211,50 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
 
     model = f"hf:{tiny_model_dir}"
     panel = tmp_path / "panel.yaml"
-    panel.write_text(yaml.safe_dump({
-        "name": "tiny-panel",
-        "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
-        "tasks_per_simulator": 2, "samples_per_task": 2,
-        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
-        "coverage": {"clusters": 2},
-        "simulators": [
-            {"id": "train-sim", "simulator": {"mode": "frozen", "model": model, "sampling": {"temperature": 1.0, "max_new_tokens": 6}}},
-            {"id": "hot", "simulator": {"mode": "frozen", "model": model, "prompt_prefix": "Be brief.", "sampling": {"temperature": 1.5, "max_new_tokens": 6}}},
-            {"id": "scripted", "simulator": {"mode": "frozen", "model": "scripted:hello|ok"}},
-        ],
-    }))
-    cfg = TrainConfig.model_validate({
-        "model": model, "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
-        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
-        "simulator": {"mode": "frozen", "id": "train-sim", "model": model, "sampling": {"temperature": 1.0, "max_new_tokens": 6}},
-        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, "learner": {"lr": 0.01},
-        "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
-        "tasks_per_step": 2, "steps": 2, "checkpoint_every": 1, "seed": 0,
-        "eval": {"every": 1, "tasks": 2, "group_size": 2, "panel": str(panel)},
-    })
+    panel.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny-panel",
+                "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
+                "tasks_per_simulator": 2,
+                "samples_per_task": 2,
+                "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
+                "coverage": {"clusters": 2},
+                "simulators": [
+                    {
+                        "id": "train-sim",
+                        "simulator": {"mode": "frozen", "model": model, "sampling": {"temperature": 1.0, "max_new_tokens": 6}},
+                    },
+                    {
+                        "id": "hot",
+                        "simulator": {
+                            "mode": "frozen",
+                            "model": model,
+                            "prompt_prefix": "Be brief.",
+                            "sampling": {"temperature": 1.5, "max_new_tokens": 6},
+                        },
+                    },
+                    {"id": "scripted", "simulator": {"mode": "frozen", "model": "scripted:hello|ok"}},
+                ],
+            }
+        )
+    )
+    cfg = TrainConfig.model_validate(
+        {
+            "model": model,
+            "env": {"name": "say_the_word", "num_tasks": 8, "max_exchanges": 2},
+            "agent_sampling": {"temperature": 1.0, "max_new_tokens": 6},
+            "simulator": {"mode": "frozen", "id": "train-sim", "model": model, "sampling": {"temperature": 1.0, "max_new_tokens": 6}},
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+            "learner": {"lr": 0.01},
+            "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
+            "tasks_per_step": 2,
+            "steps": 2,
+            "checkpoint_every": 1,
+            "seed": 0,
+            "eval": {"every": 1, "tasks": 2, "group_size": 2, "panel": str(panel)},
+        }
+    )
     run = tmp_path / "run"
     trainer = start(cfg, run)
     records = trainer.run(progress=False)
@@ -248,7 +279,9 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
         load_agent(str(lone))
 
     runner = CliRunner()
-    result = runner.invoke(app, ["eval", "--checkpoint", str(run), "--panel", str(panel), "--out", str(run / "eval"), "--training", "train-sim"])
+    result = runner.invoke(
+        app, ["eval", "--checkpoint", str(run), "--panel", str(panel), "--out", str(run / "eval"), "--training", "train-sim"]
+    )
     assert result.exit_code == 0, result.output
     saved = json.loads((run / "eval" / "eval.json").read_text())
     assert saved["heldout"]["simulators"] == ["hot", "scripted"] and saved["agent"] == str(best)
@@ -317,8 +350,15 @@ def test_collapse_series_puts_a_separate_evaluation_at_its_checkpoint_step():
     from scope_marl.evaluation.report import collapse_series
 
     held = {"mean": 0.5, "low": 0.25, "high": 0.75}
-    records = [{"step": s, "reward_agent": {"mean": 0.1 * s}, "train_agent": {"entropy": 1.0},
-                **({"eval": {"heldout": {"reward": held}}} if s in (4, 8) else {})} for s in range(1, 11)]
+    records = [
+        {
+            "step": s,
+            "reward_agent": {"mean": 0.1 * s},
+            "train_agent": {"entropy": 1.0},
+            **({"eval": {"heldout": {"reward": held}}} if s in (4, 8) else {}),
+        }
+        for s in range(1, 11)
+    ]
     final = {"step": 6, "heldout": {"reward": {"mean": 0.9, "low": 0.8, "high": 1.0}}}
     points = collapse_series(records, final)
     assert [p["step"] for p in points if p["heldout_reward"] is not None] == [4, 6, 8]
@@ -331,11 +371,15 @@ def test_training_simulators_are_marked_by_id_or_by_settings():
     from scope_marl.config import parse_simulator_spec
     from scope_marl.evaluation.periodic import training_ids
 
-    panel = Panel.model_validate({"simulators": [
-        {"id": "same-settings", "simulator": {"mode": "frozen", "model": "scripted:a"}},
-        {"id": "other", "simulator": {"mode": "frozen", "model": "scripted:b"}},
-        {"id": "named", "simulator": {"mode": "frozen", "model": "scripted:c"}},
-    ]})
+    panel = Panel.model_validate(
+        {
+            "simulators": [
+                {"id": "same-settings", "simulator": {"mode": "frozen", "model": "scripted:a"}},
+                {"id": "other", "simulator": {"mode": "frozen", "model": "scripted:b"}},
+                {"id": "named", "simulator": {"mode": "frozen", "model": "scripted:c"}},
+            ]
+        }
+    )
     assert training_ids(panel, parse_simulator_spec("frozen:scripted:a")) == {"same-settings"}
     rotation = parse_simulator_spec("rotation:frozen:scripted:b;frozen:scripted:z")
     assert training_ids(panel, rotation) == {"other"}

@@ -282,7 +282,9 @@ def test_theory_game_has_the_collapse_property():
     s = arms.SETTINGS["theory"]
     human = lambda pi: float(expected_reward(game, pi, game.reply, game.weights))
     uniform = torch.full((game.turns, len(game.acts) + 1, len(game.strategies)), 1 / len(game.strategies))
-    collapsed = best_policy(game, sharpen(game.reply, s.train_gamma), played_weights(game, game.weights, s.train_adherence), steps=150, lr=0.3)
+    collapsed = best_policy(
+        game, sharpen(game.reply, s.train_gamma), played_weights(game, game.weights, s.train_adherence), steps=150, lr=0.3
+    )
     vs = VerbalizedActs(FrozenActs.sharpened(game, s.train_gamma, s.train_adherence))
     recovered = best_policy(game, vs.table(), played_weights(game, game.weights, vs.adherence), steps=150, lr=0.3)
     best = best_policy(game, game.reply, game.weights, steps=150, lr=0.3)
@@ -344,7 +346,9 @@ def test_run_lab_writes_results_report_and_plot(tmp_path, monkeypatch):
 
 def test_runs_are_reproducible_and_custom_panels_are_used(tmp_path, monkeypatch):
     game = theory_game()
-    panel = build_panel(game, load_panel(write(tmp_path, "simulators:\n  - {id: human}\n  - {id: vs, gamma: 4, adherence: 0, vs: {method: random}}\n")))
+    panel = build_panel(
+        game, load_panel(write(tmp_path, "simulators:\n  - {id: human}\n  - {id: vs, gamma: 4, adherence: 0, vs: {method: random}}\n"))
+    )
     first, second = (loop.train_arm(game, "population", 3, tiny("theory"), panel) for _ in range(2))
     assert first["curve"] == second["curve"]
     assert set(first["final"]["per_simulator"]) == {"human", "vs"}
@@ -380,16 +384,19 @@ def write(tmp_path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("text", "field", "hint"), [
-    ("simulators:\n  - {id: a, gamma: -1}\n", "simulators[0].gamma", "> 0"),
-    ("simulators:\n  - {id: a, adherence: 1.5}\n", "simulators[0].adherence", "between 0"),
-    ("simulators:\n  - {id: a}\n  - {id: b, gama: 2}\n", "simulators[1].gama", "did you mean 'gamma'"),
-    ("simulators:\n  - {id: a, vs: {method: top}}\n", "simulators[0].vs.method", "prob or random"),
-    ("simulators:\n  - {id: a}\n  - {id: a}\n", "simulators", "duplicate simulator ids"),
-    ("simulators: []\n", "simulators", "at least one"),
-    ("simulators:\n  - {gamma: 2}\n", "simulators[0].id", "unique id"),
-    ("simulators:\n  - {id: a, personas: everyone}\n", "simulators[0].personas", "population, modal, minority"),
-])
+@pytest.mark.parametrize(
+    ("text", "field", "hint"),
+    [
+        ("simulators:\n  - {id: a, gamma: -1}\n", "simulators[0].gamma", "> 0"),
+        ("simulators:\n  - {id: a, adherence: 1.5}\n", "simulators[0].adherence", "between 0"),
+        ("simulators:\n  - {id: a}\n  - {id: b, gama: 2}\n", "simulators[1].gama", "did you mean 'gamma'"),
+        ("simulators:\n  - {id: a, vs: {method: top}}\n", "simulators[0].vs.method", "prob or random"),
+        ("simulators:\n  - {id: a}\n  - {id: a}\n", "simulators", "duplicate simulator ids"),
+        ("simulators: []\n", "simulators", "at least one"),
+        ("simulators:\n  - {gamma: 2}\n", "simulators[0].id", "unique id"),
+        ("simulators:\n  - {id: a, personas: everyone}\n", "simulators[0].personas", "population, modal, minority"),
+    ],
+)
 def test_panel_errors_name_the_field_and_the_fix(tmp_path, text, field, hint):
     with pytest.raises(ConfigError) as err:
         load_panel(write(tmp_path, text))
@@ -449,11 +456,16 @@ def test_fit_script_reproduces_the_committed_json(tmp_path):
 
     corpus = find_corpus_dir(required=False)
     if corpus is None or not (corpus / "300_dialog.csv").exists():
-        pytest.skip("the P4G corpus (../shared/data/p4g or $SCOPE_P4G_DIR) is not on this machine; "
-                    "the committed p4g_lab.json is tested without it")
+        pytest.skip(
+            "the P4G corpus (../shared/data/p4g or $SCOPE_P4G_DIR) is not on this machine; the committed p4g_lab.json is tested without it"
+        )
     out = tmp_path / "p4g_lab.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_lab_p4g.py"), "--data-dir", str(corpus), "--out", str(out)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fit_lab_p4g.py"), "--data-dir", str(corpus), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert json.loads(out.read_text()) == json.loads(FITTED.read_text())
 
 

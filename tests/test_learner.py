@@ -134,8 +134,12 @@ def test_the_learning_loop_raises_reward_on_a_learnable_task(make_tiny_model, to
     chat.add_adapter("agent", LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10)
     env = Brevity(num_tasks=4, max_exchanges=1)
-    engine = RolloutEngine(env, Seat(model=chat, sampling=sampling, adapter="agent", trainable=True),
-                           FrozenSimulator(chat, sampling), RolloutConfig(progress=False, group_size=8, seed=1, on_turn_limit="continue"))
+    engine = RolloutEngine(
+        env,
+        Seat(model=chat, sampling=sampling, adapter="agent", trainable=True),
+        FrozenSimulator(chat, sampling),
+        RolloutConfig(progress=False, group_size=8, seed=1, on_turn_limit="continue"),
+    )
     learner = Learner(chat, AGENT, "agent", 1.0, LearnerConfig(lr=1e-2, kl_coef=0.0))
     rewards = []
     for _ in range(15):

@@ -24,9 +24,7 @@ Responder = Callable[[dict, int], tuple[int, dict, dict[str, str]]]
 def completion(text: str, finish: str = "stop", logprobs: list[tuple[str, float]] | None = None) -> dict:
     choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
     if logprobs is not None:
-        choice["logprobs"] = {
-            "content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for t, lp in logprobs]
-        }
+        choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for t, lp in logprobs]}
     return {
         "id": "chatcmpl-test",
         "object": "chat.completion",
@@ -249,9 +247,7 @@ def test_stop_strings_cut_text_and_logprobs(serve, models) -> None:
     tokens = [("Hello", -0.1), (" E", -0.2), ("ND", -0.3), (" world", -0.4)]
     server = serve(lambda body, n: ok("Hello END world", logprobs=tokens))
     stops = ["A1", "B2", "C3", "D4", "END"]
-    gen = models(base_url=server.base_url, request_logprobs=True).generate(
-        [prompt("q")], SamplingParams(stop=stops)
-    )[0]
+    gen = models(base_url=server.base_url, request_logprobs=True).generate([prompt("q")], SamplingParams(stop=stops))[0]
     assert server.requests[0]["body"]["stop"] == stops[:4]
     assert gen.text == "Hello "
     assert gen.logprobs == [-0.1, -0.2, -0.3]  # through the stop string, not past it
@@ -270,9 +266,7 @@ def test_concurrency_is_bounded(serve, models) -> None:
         return ok(body["messages"][-1]["content"])
 
     server = serve(slow)
-    gens = models(base_url=server.base_url, max_concurrency=2).generate(
-        [prompt(f"q{i}") for i in range(6)], SamplingParams()
-    )
+    gens = models(base_url=server.base_url, max_concurrency=2).generate([prompt(f"q{i}") for i in range(6)], SamplingParams())
     assert [g.text for g in gens] == [f"q{i}" for i in range(6)]
     assert 1 < server.max_in_flight <= 2
 

@@ -169,8 +169,7 @@ def test_acceptance_rule_limits():
     # Only the message right before counts.
     assert episode_donation([agent("How about $1?"), user("hmm"), user("sure, I'll do that")], **on) == 0.0
     # The range of choices is not a proposal.
-    assert episode_donation([agent("You can choose any amount from $0 to all your payment."), user("ok sure")],
-                            **on) == 0.0
+    assert episode_donation([agent("You can choose any amount from $0 to all your payment."), user("ok sure")], **on) == 0.0
     # A later question without an amount is what the "yes" answers.
     assert episode_donation([agent("How about $1? By the way, have you heard of them?"), user("yes")], **on) == 0.0
     # An earlier stated amount stands when an acceptance finds no proposal.

@@ -20,9 +20,7 @@ from scope_marl.rollout import RolloutEngine, RolloutRecorder
 from scope_marl.simulators import FrozenSimulator
 
 CORPUS = find_corpus_dir(required=False)
-needs_corpus = pytest.mark.skipif(
-    CORPUS is None, reason="P4G corpus not found (set SCOPE_P4G_DIR or place it at ../shared/data/p4g)"
-)
+needs_corpus = pytest.mark.skipif(CORPUS is None, reason="P4G corpus not found (set SCOPE_P4G_DIR or place it at ../shared/data/p4g)")
 # Digests of the test / validation split ids (one id per line, in split order). They pin the split
 # across runs, machines and Python versions: a salted hash() or an unstable sort would change them.
 TEST_SPLIT_SHA256 = "e8b87700f5530ca01f833e59337dbaf0cbbd2d497a8922a3ec599e46508b2d4a"
@@ -167,6 +165,7 @@ def test_rewards_agent_gets_donation_over_two(mode, expected_user):
 def test_p4g_rollout_records_personas_donations_and_rewards(tmp_path):
     env = synthetic_env(max_exchanges=3)
     agent = Seat(model=ScriptedChatModel(["Would you donate $1 to Save the Children?"]), trainable=False)
+
     # The persuadee hesitates at its first turn and gives at its second (it sees the agent as "user").
     def persuadee(chat):
         return "Hmm, I need that money." if sum(m.role == "user" for m in chat) == 1 else "Fine. [DONATE $0.75]"

@@ -167,8 +167,12 @@ def test_continue_on_turn_limit_keeps_playing_and_streams_stay_on_policy(talky_c
     env = SayTheWord(num_tasks=2, max_exchanges=3)
     simulator = FrozenSimulator(talky_chat, short)
     simulator.seat.trainable = True
-    engine = RolloutEngine(env, Seat(model=talky_chat, sampling=short, trainable=True), simulator,
-                           RolloutConfig(progress=False, group_size=2, on_turn_limit="continue"))
+    engine = RolloutEngine(
+        env,
+        Seat(model=talky_chat, sampling=short, trainable=True),
+        simulator,
+        RolloutConfig(progress=False, group_size=2, on_turn_limit="continue"),
+    )
     episodes = engine.run(env.tasks())
     assert all(e.status == EpisodeStatus.COMPLETED for e in episodes)
     assert any(len(e.messages) == 6 for e in episodes)

@@ -229,14 +229,19 @@ def test_population_groups_face_one_distinct_pool_member(make_tiny_model, tokeni
 
 
 def test_every_mode_builds_from_yaml_config(talky_chat):
-    cfg = RolloutRunConfig.model_validate({
-        "simulator": {"mode": "rotation", "members": [
-            {"mode": "frozen", "model": "scripted:hi", "id": "f"},
-            {"mode": "persona_guided", "model": "scripted:hi", "id": "p"},
-            {"mode": "vs", "model": "scripted:hi", "k": 3, "method": "random", "id": "v"},
-            {"mode": "trainable", "model": "scripted:hi", "id": "t"},
-        ]},
-    })
+    cfg = RolloutRunConfig.model_validate(
+        {
+            "simulator": {
+                "mode": "rotation",
+                "members": [
+                    {"mode": "frozen", "model": "scripted:hi", "id": "f"},
+                    {"mode": "persona_guided", "model": "scripted:hi", "id": "p"},
+                    {"mode": "vs", "model": "scripted:hi", "k": 3, "method": "random", "id": "v"},
+                    {"mode": "trainable", "model": "scripted:hi", "id": "t"},
+                ],
+            },
+        }
+    )
     rotation = build_simulator(cfg.simulator, ModelCache())
     assert [m.simulator_id for m in rotation.members] == ["f", "p", "v", "t"]
     assert rotation.members[1].seat.prompt_prefix.startswith(PERSONA_GUIDANCE)
@@ -245,7 +250,13 @@ def test_every_mode_builds_from_yaml_config(talky_chat):
 
 def test_simulator_spec_strings():
     vs = parse_simulator_spec("vs(k=3,method=random,temperature=1.0):openai:gpt-4o-mini@http://127.0.0.1:9/v1")
-    assert (vs.mode, vs.k, vs.method, vs.sampling.temperature, vs.model) == ("vs", 3, "random", 1.0, "openai:gpt-4o-mini@http://127.0.0.1:9/v1")
+    assert (vs.mode, vs.k, vs.method, vs.sampling.temperature, vs.model) == (
+        "vs",
+        3,
+        "random",
+        1.0,
+        "openai:gpt-4o-mini@http://127.0.0.1:9/v1",
+    )
     rotation = parse_simulator_spec("rotation:frozen:embedded; persona_guided:embedded ;vs:embedded")
     assert [m.mode for m in rotation.members] == ["frozen", "persona_guided", "vs"]
     assert parse_simulator_spec("pool:runs/x/pool").root == "runs/x/pool"

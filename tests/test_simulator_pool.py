@@ -142,7 +142,9 @@ def test_new_pool_refuses_existing_root(tmp_path, source):
         SimulatorPool(tmp_path / "pool")
 
 
-@pytest.mark.parametrize("kwargs", [{"max_size": 0}, {"max_size": 1}, {"priority_floor": 0.0}, {"priority_floor": 1.5}, {"selection": "best"}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_size": 0}, {"max_size": 1}, {"priority_floor": 0.0}, {"priority_floor": 1.5}, {"selection": "best"}]
+)
 def test_invalid_settings(tmp_path, kwargs):
     with pytest.raises(ValueError):
         SimulatorPool(tmp_path / "pool", **kwargs)

@@ -29,8 +29,16 @@ def config(model_dir, **overrides) -> dict:
         "tasks_per_step": 2,
         "steps": 4,
         "checkpoint_every": 2,
-        "eval": {"every": 2, "tasks": 2, "simulator": {"mode": "frozen", "id": "heldout", "model": f"hf:{model_dir}",
-                                                       "sampling": {"temperature": 1.3, "max_new_tokens": 6}}},
+        "eval": {
+            "every": 2,
+            "tasks": 2,
+            "simulator": {
+                "mode": "frozen",
+                "id": "heldout",
+                "model": f"hf:{model_dir}",
+                "sampling": {"temperature": 1.3, "max_new_tokens": 6},
+            },
+        },
         "seed": 0,
         "threads": 1,
         "deterministic": True,
@@ -68,10 +76,14 @@ def test_agent_only_training_leaves_the_simulator_alone_and_writes_metrics(tiny_
 
 def test_co_training_updates_both_adapters_and_simulator_only_freezes_the_agent(tiny_model_dir, tmp_path):
     sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
-    both = start(TrainConfig.model_validate(config(tiny_model_dir, simulator=sim, trainable_roles=["agent", "user"], steps=1)), tmp_path / "both")
+    both = start(
+        TrainConfig.model_validate(config(tiny_model_dir, simulator=sim, trainable_roles=["agent", "user"], steps=1)), tmp_path / "both"
+    )
     record = both.train_step()
     assert record["train_agent"]["episodes"] > 0 and record["train_user"]["episodes"] > 0
-    only_user = start(TrainConfig.model_validate(config(tiny_model_dir, simulator=sim, trainable_roles=["user"], steps=1)), tmp_path / "user")
+    only_user = start(
+        TrainConfig.model_validate(config(tiny_model_dir, simulator=sim, trainable_roles=["user"], steps=1)), tmp_path / "user"
+    )
     agent_before = {n: p.clone() for n, p in only_user.chat.model.named_parameters() if ".agent." in n}
     only_user.train_step()
     assert all(torch.equal(p, agent_before[n]) for n, p in only_user.chat.model.named_parameters() if ".agent." in n)
@@ -80,8 +92,14 @@ def test_co_training_updates_both_adapters_and_simulator_only_freezes_the_agent(
 def test_population_snapshots_go_to_the_pool(tiny_model_dir, tmp_path):
     sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
     # The tiny model's rewards are constant (zero advantages); an entropy bonus still moves the simulator.
-    cfg = config(tiny_model_dir, simulator=sim, trainable_roles=["agent", "user"], steps=4, pool={"every": 2, "max_size": 3},
-                 simulator_learner={"lr": 0.01, "entropy_coef": 0.01})
+    cfg = config(
+        tiny_model_dir,
+        simulator=sim,
+        trainable_roles=["agent", "user"],
+        steps=4,
+        pool={"every": 2, "max_size": 3},
+        simulator_learner={"lr": 0.01, "entropy_coef": 0.01},
+    )
     trainer = start(TrainConfig.model_validate(cfg), tmp_path / "pop")
     trainer.run(progress=False)
     members = trainer.pool.members
@@ -106,8 +124,9 @@ def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
 
     subprocess.run([*cli, str(cfg_path), "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
 
-    killed = subprocess.Popen([*cli, str(cfg_path), "--out", str(tmp_path / "killed")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = subprocess.Popen(
+        [*cli, str(cfg_path), "--out", str(tmp_path / "killed")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     checkpoint = tmp_path / "killed" / "checkpoints" / "step-000002" / "state.json"
     deadline = time.time() + 240
     while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
@@ -145,8 +164,14 @@ def test_a_second_demo_never_overwrites_the_first(tmp_path):
 
 
 def test_full_fine_tuning_trains_a_copy_and_keeps_the_base_as_reference(tiny_model_dir, tmp_path):
-    cfg = config(tiny_model_dir, finetune="full", steps=2, checkpoint_every=1, learner={"lr": 1e-3, "kl_coef": 0.01},
-                 eval={**config(tiny_model_dir)["eval"], "every": 0})
+    cfg = config(
+        tiny_model_dir,
+        finetune="full",
+        steps=2,
+        checkpoint_every=1,
+        learner={"lr": 1e-3, "kl_coef": 0.01},
+        eval={**config(tiny_model_dir)["eval"], "every": 0},
+    )
     trainer = start(TrainConfig.model_validate(cfg), tmp_path / "full")
     assert trainer.agent_chat is not trainer.chat and not trainer.agent_chat.adapters
     base_before = {k: v.clone() for k, v in trainer.chat.model.state_dict().items()}
@@ -191,6 +216,7 @@ def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
 
     # A resume from step 1's checkpoint replays step 2: TensorBoard keeps one point per step, not two.
     import shutil
+
     shutil.rmtree(tmp_path / "tb" / "checkpoints" / "step-000002")
     resumed = resume(tmp_path / "tb")
     assert resumed.step == 1
@@ -207,10 +233,15 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_model_dir, tmp_path):
 
     model = f"hf:{tiny_model_dir}"
     sampling = {"temperature": 1.0, "max_new_tokens": 6}
-    panel = Panel.model_validate({"name": "tiny", "simulators": [
-        {"id": "a", "simulator": {"mode": "frozen", "model": model, "sampling": sampling}},
-        {"id": "b", "simulator": {"mode": "persona_guided", "model": model, "sampling": sampling}},
-    ]})
+    panel = Panel.model_validate(
+        {
+            "name": "tiny",
+            "simulators": [
+                {"id": "a", "simulator": {"mode": "frozen", "model": model, "sampling": sampling}},
+                {"id": "b", "simulator": {"mode": "persona_guided", "model": model, "sampling": sampling}},
+            ],
+        }
+    )
     assert demo_panel(panel).tasks_per_simulator == 2 and demo_panel().name == "offline"
     report = run_demo(tmp_path / "demo", steps=2, arms=["frozen", "population"], log=lambda _: None, model=model, panel=panel)
     text = report.read_text()

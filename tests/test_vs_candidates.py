@@ -45,74 +45,156 @@ CANONICAL_EXPECTED = [C("Yes, I'll donate $5.", 0.5), C("Not today, thanks.", 0.
 CASES = [
     # ---- well-formed ------------------------------------------------------------------------
     ("canonical", CANONICAL, 3, "prob", CANONICAL_EXPECTED),
-    ("canonical_unnormalized", vs_json(("a", 0.4), ("b", 0.4), ("c", 0.4)), 3, "prob",
-     [C("a", 1 / 3), C("b", 1 / 3), C("c", 1 / 3)]),
+    ("canonical_unnormalized", vs_json(("a", 0.4), ("b", 0.4), ("c", 0.4)), 3, "prob", [C("a", 1 / 3), C("b", 1 / 3), C("c", 1 / 3)]),
     ("random_texts_only", vs_json(("a",), ("b",), ("c",)), 3, "random", [C("a", 1 / 3), C("b", 1 / 3), C("c", 1 / 3)]),
     ("random_ignores_stated_probabilities", vs_json(("a", 0.9), ("b", 0.1)), 2, "random", [C("a", 0.5), C("b", 0.5)]),
     ("single_item", vs_json(("Only this.", 0.9)), 3, "prob", [C("Only this.", 1.0)]),
-    ("top_level_list", json.dumps([{"text": "a", "probability": 0.25}, {"text": "b", "probability": 0.75}]), 2, "prob",
-     [C("a", 0.25), C("b", 0.75)]),
+    (
+        "top_level_list",
+        json.dumps([{"text": "a", "probability": 0.25}, {"text": "b", "probability": 0.75}]),
+        2,
+        "prob",
+        [C("a", 0.25), C("b", 0.75)],
+    ),
     # ---- wrapping: fences, prose --------------------------------------------------------------
     ("json_fence_with_prose", f"Here you go:\n```json\n{CANONICAL}\n```\nHope that helps!", 3, "prob", CANONICAL_EXPECTED),
     ("bare_fence", f"```\n{CANONICAL}\n```", 3, "prob", CANONICAL_EXPECTED),
-    ("fence_preferred_over_prose_items", 'Draft: ["scratch"]\n```json\n' + vs_json(("a", 0.6), ("b", 0.4)) + "\n```",
-     2, "prob", [C("a", 0.6), C("b", 0.4)]),
-    ("prose_around_with_stray_brackets", f"Here are [3] options {{as asked}}:\n{CANONICAL}\nLet me know [if] you need more.",
-     3, "prob", CANONICAL_EXPECTED),
+    (
+        "fence_preferred_over_prose_items",
+        'Draft: ["scratch"]\n```json\n' + vs_json(("a", 0.6), ("b", 0.4)) + "\n```",
+        2,
+        "prob",
+        [C("a", 0.6), C("b", 0.4)],
+    ),
+    (
+        "prose_around_with_stray_brackets",
+        f"Here are [3] options {{as asked}}:\n{CANONICAL}\nLet me know [if] you need more.",
+        3,
+        "prob",
+        CANONICAL_EXPECTED,
+    ),
     # ---- syntax repairs ---------------------------------------------------------------------
-    ("trailing_commas", '```json\n{"responses": [{"text": "a", "probability": 0.7,}, {"text": "b", "probability": 0.3},],}\n```',
-     2, "prob", [C("a", 0.7), C("b", 0.3)]),
-    ("single_quotes_python_style",
-     "{'responses': [{'text': 'Sure, why not', 'probability': 0.6}, {'text': 'I can't today', 'probability': 0.4}]}",
-     2, "prob", [C("Sure, why not", 0.6), C("I can't today", 0.4)]),
-    ("python_none_is_missing", "{'responses': [{'text': 'a', 'probability': 0.2}, {'text': 'b', 'probability': None}]}",
-     2, "prob", [C("a", 0.5), C("b", 0.5)]),
-    ("unquoted_keys", '{responses: [{text: "a", probability: 0.1}, {text: "b", probability: 0.9}]}', 2, "prob",
-     [C("a", 0.1), C("b", 0.9)]),
-    ("bare_percent_literals", '{"responses": [{"text": "a", "probability": 70%}, {"text": "b", "probability": 30%}]}',
-     2, "prob", [C("a", 0.7), C("b", 0.3)]),
-    ("raw_newline_inside_string", '{"responses": [{"text": "Line one\nline two", "probability": 1}]}', 1, "prob",
-     [C("Line one\nline two", 1.0)]),
-    ("missing_commas_between_items",
-     '{"responses": [{"text": "a", "probability": 0.5} {"text": "b", "probability": 0.3} {"text": "c", "probability": 0.2}]}',
-     3, "prob", [C("a", 0.5), C("b", 0.3), C("c", 0.2)]),
-    ("json_lines", '{"text": "a", "probability": 0.6}\n{"text": "b", "probability": 0.4}\n', 2, "prob",
-     [C("a", 0.6), C("b", 0.4)]),
+    (
+        "trailing_commas",
+        '```json\n{"responses": [{"text": "a", "probability": 0.7,}, {"text": "b", "probability": 0.3},],}\n```',
+        2,
+        "prob",
+        [C("a", 0.7), C("b", 0.3)],
+    ),
+    (
+        "single_quotes_python_style",
+        "{'responses': [{'text': 'Sure, why not', 'probability': 0.6}, {'text': 'I can't today', 'probability': 0.4}]}",
+        2,
+        "prob",
+        [C("Sure, why not", 0.6), C("I can't today", 0.4)],
+    ),
+    (
+        "python_none_is_missing",
+        "{'responses': [{'text': 'a', 'probability': 0.2}, {'text': 'b', 'probability': None}]}",
+        2,
+        "prob",
+        [C("a", 0.5), C("b", 0.5)],
+    ),
+    ("unquoted_keys", '{responses: [{text: "a", probability: 0.1}, {text: "b", probability: 0.9}]}', 2, "prob", [C("a", 0.1), C("b", 0.9)]),
+    (
+        "bare_percent_literals",
+        '{"responses": [{"text": "a", "probability": 70%}, {"text": "b", "probability": 30%}]}',
+        2,
+        "prob",
+        [C("a", 0.7), C("b", 0.3)],
+    ),
+    (
+        "raw_newline_inside_string",
+        '{"responses": [{"text": "Line one\nline two", "probability": 1}]}',
+        1,
+        "prob",
+        [C("Line one\nline two", 1.0)],
+    ),
+    (
+        "missing_commas_between_items",
+        '{"responses": [{"text": "a", "probability": 0.5} {"text": "b", "probability": 0.3} {"text": "c", "probability": 0.2}]}',
+        3,
+        "prob",
+        [C("a", 0.5), C("b", 0.3), C("c", 0.2)],
+    ),
+    ("json_lines", '{"text": "a", "probability": 0.6}\n{"text": "b", "probability": 0.4}\n', 2, "prob", [C("a", 0.6), C("b", 0.4)]),
     # ---- other shapes -----------------------------------------------------------------------
-    ("plain_string_items_prob_method", '{"responses": ["a", "b", "c", "d"]}', 4, "prob",
-     [C("a", 0.25), C("b", 0.25), C("c", 0.25), C("d", 0.25)]),
-    ("candidates_key_and_item_key_variants",
-     '{"candidates": [{"Response": "a", "Prob": 0.2}, {"reply": "b", "p": 0.8}]}', 2, "prob", [C("a", 0.2), C("b", 0.8)]),
-    ("nested_wrapper_with_replies_key",
-     '{"reasoning": "thinking", "output": {"replies": [{"text": "a", "weight": 3}, {"text": "b", "weight": 1}]}}',
-     2, "prob", [C("a", 0.75), C("b", 0.25)]),
+    (
+        "plain_string_items_prob_method",
+        '{"responses": ["a", "b", "c", "d"]}',
+        4,
+        "prob",
+        [C("a", 0.25), C("b", 0.25), C("c", 0.25), C("d", 0.25)],
+    ),
+    (
+        "candidates_key_and_item_key_variants",
+        '{"candidates": [{"Response": "a", "Prob": 0.2}, {"reply": "b", "p": 0.8}]}',
+        2,
+        "prob",
+        [C("a", 0.2), C("b", 0.8)],
+    ),
+    (
+        "nested_wrapper_with_replies_key",
+        '{"reasoning": "thinking", "output": {"replies": [{"text": "a", "weight": 3}, {"text": "b", "weight": 1}]}}',
+        2,
+        "prob",
+        [C("a", 0.75), C("b", 0.25)],
+    ),
     ("text_probability_pairs", '[["a", 0.7], ["b", "30%"]]', 2, "prob", [C("a", 0.7), C("b", 0.3)]),
-    ("xml_tags", "Sure:\n<responses>\n<response><text>a</text><probability>0.6</probability></response>\n"
-                 "<response><text>b</text><probability>0.4</probability></response>\n</responses>", 2, "prob",
-     [C("a", 0.6), C("b", 0.4)]),
+    (
+        "xml_tags",
+        "Sure:\n<responses>\n<response><text>a</text><probability>0.6</probability></response>\n"
+        "<response><text>b</text><probability>0.4</probability></response>\n</responses>",
+        2,
+        "prob",
+        [C("a", 0.6), C("b", 0.4)],
+    ),
     # "60%" and "20%" are percentages by their sign; b has none and gets their mean (0.4).
-    ("xml_percent_missing_and_entity",
-     "<response><text>a</text><probability>60%</probability></response>"
-     "<response><text>b</text></response>"
-     "<response><text>I &lt;3 it</text><probability>20%</probability></response>", 3, "prob",
-     [C("a", 0.5), C("b", 1 / 3), C("I <3 it", 1 / 6)]),
-    ("xml_bare_body_and_cut_off_last", "<response>Hello there</response><response>General</response><response>Ken", 3,
-     "prob", [C("Hello there", 0.5), C("General", 0.5)]),
+    (
+        "xml_percent_missing_and_entity",
+        "<response><text>a</text><probability>60%</probability></response>"
+        "<response><text>b</text></response>"
+        "<response><text>I &lt;3 it</text><probability>20%</probability></response>",
+        3,
+        "prob",
+        [C("a", 0.5), C("b", 1 / 3), C("I <3 it", 1 / 6)],
+    ),
+    (
+        "xml_bare_body_and_cut_off_last",
+        "<response>Hello there</response><response>General</response><response>Ken",
+        3,
+        "prob",
+        [C("Hello there", 0.5), C("General", 0.5)],
+    ),
     # ---- probability values -----------------------------------------------------------------
     ("percent_strings", vs_json(("a", "70%"), ("b", "20%"), ("c", "10%")), 3, "prob", [C("a", 0.7), C("b", 0.2), C("c", 0.1)]),
     ("percent_numbers_sum_100", vs_json(("a", 60), ("b", 30), ("c", 10)), 3, "prob", [C("a", 0.6), C("b", 0.3), C("c", 0.1)]),
-    ("percent_numbers_sum_90", vs_json(("a", 50), ("b", 30), ("c", 10)), 3, "prob",
-     [C("a", 5 / 9), C("b", 3 / 9), C("c", 1 / 9)]),
+    ("percent_numbers_sum_90", vs_json(("a", 50), ("b", 30), ("c", 10)), 3, "prob", [C("a", 5 / 9), C("b", 3 / 9), C("c", 1 / 9)]),
     # Written numbers sum to 100 ("70%" counts as 70), so the bare 30 is a percentage too.
     ("mixed_percent_string_and_number", vs_json(("a", "70%"), ("b", 30)), 2, "prob", [C("a", 0.7), C("b", 0.3)]),
     ("numeric_strings", vs_json(("a", "0.7"), ("b", " 0.3 ")), 2, "prob", [C("a", 0.7), C("b", 0.3)]),
-    ("nan_is_zero", '{"responses": [{"text": "a", "probability": NaN}, {"text": "b", "probability": 0.6},'
-                    ' {"text": "c", "probability": 0.4}]}', 3, "prob", [C("a", 0.0), C("b", 0.6), C("c", 0.4)]),
+    (
+        "nan_is_zero",
+        '{"responses": [{"text": "a", "probability": NaN}, {"text": "b", "probability": 0.6}, {"text": "c", "probability": 0.4}]}',
+        3,
+        "prob",
+        [C("a", 0.0), C("b", 0.6), C("c", 0.4)],
+    ),
     ("nan_string_is_zero", vs_json(("a", "NaN"), ("b", "0.5")), 2, "prob", [C("a", 0.0), C("b", 1.0)]),
-    ("infinity_is_zero", '{"responses": [{"text": "a", "probability": Infinity}, {"text": "b", "probability": 0.5},'
-                         ' {"text": "c", "probability": 0.5}]}', 3, "prob", [C("a", 0.0), C("b", 0.5), C("c", 0.5)]),
-    ("huge_integer_is_infinite_so_zero", '{"responses": [{"text": "a", "probability": 1' + "0" * 400 + '},'
-                                         ' {"text": "b", "probability": 1}]}', 2, "prob", [C("a", 0.0), C("b", 1.0)]),
+    (
+        "infinity_is_zero",
+        '{"responses": [{"text": "a", "probability": Infinity}, {"text": "b", "probability": 0.5}, {"text": "c", "probability": 0.5}]}',
+        3,
+        "prob",
+        [C("a", 0.0), C("b", 0.5), C("c", 0.5)],
+    ),
+    (
+        "huge_integer_is_infinite_so_zero",
+        '{"responses": [{"text": "a", "probability": 1' + "0" * 400 + '}, {"text": "b", "probability": 1}]}',
+        2,
+        "prob",
+        [C("a", 0.0), C("b", 1.0)],
+    ),
     ("negative_is_zero", vs_json(("a", -0.5), ("b", 0.75), ("c", 0.25)), 3, "prob", [C("a", 0.0), C("b", 0.75), C("c", 0.25)]),
     ("zero_probability_kept", vs_json(("a", 0.8), ("b", 0), ("c", 0.2)), 3, "prob", [C("a", 0.8), C("b", 0.0), C("c", 0.2)]),
     ("all_zero_uniform", vs_json(("a", 0), ("b", 0.0), ("c", "0%")), 3, "prob", [C("a", 1 / 3), C("b", 1 / 3), C("c", 1 / 3)]),
@@ -121,38 +203,64 @@ CASES = [
     ("none_stated_uniform", vs_json(("a",), ("b",), ("c",)), 3, "prob", [C("a", 1 / 3), C("b", 1 / 3), C("c", 1 / 3)]),
     # NaN is stated but invalid: it becomes 0 and is left out of the mean; with no valid number
     # stated, the missing one gets weight 1, so b takes all the mass.
-    ("nan_and_missing", '{"responses": [{"text": "a", "probability": NaN}, {"text": "b"}]}', 2, "prob",
-     [C("a", 0.0), C("b", 1.0)]),
+    ("nan_and_missing", '{"responses": [{"text": "a", "probability": NaN}, {"text": "b"}]}', 2, "prob", [C("a", 0.0), C("b", 1.0)]),
     # ---- counts -----------------------------------------------------------------------------
     ("fewer_than_k", vs_json(("a", 0.6), ("b", 0.2)), 5, "prob", [C("a", 0.75), C("b", 0.25)]),
     ("more_than_k_first_k_kept", vs_json(("a", 0.1), ("b", 0.3), ("c", 0.4), ("d", 0.2)), 2, "prob", [C("a", 0.25), C("b", 0.75)]),
     ("duplicates_merged", vs_json(("Sure.", 0.4), ("No.", 0.2), ("Sure.", 0.4)), 3, "prob", [C("Sure.", 0.8), C("No.", 0.2)]),
     # Whitespace differences do not make a new reply; the first occurrence's text is kept (stripped).
-    ("duplicates_whitespace_merged", vs_json((" Not  today. ", 0.3), ("Maybe.", 0.3), ("Not today.\n", 0.4)), 3, "prob",
-     [C("Not  today.", 0.7), C("Maybe.", 0.3)]),
+    (
+        "duplicates_whitespace_merged",
+        vs_json((" Not  today. ", 0.3), ("Maybe.", 0.3), ("Not today.\n", 0.4)),
+        3,
+        "prob",
+        [C("Not  today.", 0.7), C("Maybe.", 0.3)],
+    ),
     # The first k are kept before merging, so two copies of "a" fill k=2.
     ("duplicates_after_first_k", vs_json(("a",), ("a",), ("b",)), 2, "random", [C("a", 1.0)]),
     # With `random` every listed slot is equally likely, so a repeated text carries two slots.
     ("random_duplicates_keep_their_slots", vs_json(("a",), ("b",), ("a",)), 3, "random", [C("a", 2 / 3), C("b", 1 / 3)]),
     # Empty texts are dropped before the first k are kept.
-    ("empty_texts_dropped", vs_json(("", 0.5), ("   ", 0.2), ("a", 0.2), ("b", 0.1), ("c", 0.5)), 2, "prob",
-     [C("a", 2 / 3), C("b", 1 / 3)]),
+    (
+        "empty_texts_dropped",
+        vs_json(("", 0.5), ("   ", 0.2), ("a", 0.2), ("b", 0.1), ("c", 0.5)),
+        2,
+        "prob",
+        [C("a", 2 / 3), C("b", 1 / 3)],
+    ),
     # ---- wrong types ------------------------------------------------------------------------
     # A text that is not a string (42, null) is not a reply: that item is dropped, the rest kept.
     # A probability that is not a number (list, object, bool) counts as missing: it gets the mean
     # of the valid stated ones, here (0.2 + 0.4) / 2 = 0.3, so 0.3 : 0.2 : 0.3 : 0.4.
-    ("wrong_types",
-     json.dumps({"responses": [{"text": "a", "probability": [0.5]}, {"text": 42, "probability": 0.9},
-                               {"text": "b", "probability": 0.2}, {"text": "c", "probability": {"value": 0.1}},
-                               {"text": None, "probability": 0.5}, {"text": "d", "probability": 0.4},
-                               {"text": "e", "probability": True}]}), 4, "prob",
-     [C("a", 0.25), C("b", 1 / 6), C("c", 0.25), C("d", 1 / 3)]),
+    (
+        "wrong_types",
+        json.dumps(
+            {
+                "responses": [
+                    {"text": "a", "probability": [0.5]},
+                    {"text": 42, "probability": 0.9},
+                    {"text": "b", "probability": 0.2},
+                    {"text": "c", "probability": {"value": 0.1}},
+                    {"text": None, "probability": 0.5},
+                    {"text": "d", "probability": 0.4},
+                    {"text": "e", "probability": True},
+                ]
+            }
+        ),
+        4,
+        "prob",
+        [C("a", 0.25), C("b", 1 / 6), C("c", 0.25), C("d", 1 / 3)],
+    ),
     # ---- cut off at the token limit ---------------------------------------------------------
     # Choice: complete items before the cut are recovered and renormalized; the partial item is
     # dropped (its text or probability may be incomplete).
-    ("truncated_objects_recovered",
-     '{"responses": [{"text": "a", "probability": 0.5}, {"text": "b", "probability": 0.3}, {"text": "c", "prob',
-     3, "prob", [C("a", 0.625), C("b", 0.375)]),
+    (
+        "truncated_objects_recovered",
+        '{"responses": [{"text": "a", "probability": 0.5}, {"text": "b", "probability": 0.3}, {"text": "c", "prob',
+        3,
+        "prob",
+        [C("a", 0.625), C("b", 0.375)],
+    ),
     ("truncated_strings_recovered", '{"responses": ["Yes.", "No.", "Mayb', 3, "random", [C("Yes.", 0.5), C("No.", 0.5)]),
     ("truncated_in_first_item", '{"responses": [{"text": "I would like to', 3, "prob", []),
     # ---- nothing usable ---------------------------------------------------------------------
@@ -202,13 +310,37 @@ def test_huge_input_is_cut_not_fatal():
 
 # ---- property-style: never raises, always a distribution -------------------------------------
 
-_ALPHABET = list('{}[]"\',:0123456789.-+%eE \n\t') + ["text", "probability", "responses", "NaN", "Infinity",
-                                                       "<response>", "</response>", "<text>", "</text>",
-                                                       "<probability>", "</probability>", "```", "json", "null",
-                                                       "true", "None", "\\", "\u00e9", "\ud800", "a", "b"]
-_SEEDS = [CANONICAL, vs_json(("a", "70%"), ("b",), ("a ", 30)), "{'responses': [{'text': 'x', 'probability': None},]}",
-          "<response><text>a</text><probability>0.6</probability></response><response><text>b</text></response>",
-          '[["a", 0.7], ["b", "30%"]]', '{"text": "a", "probability": 0.6}\n{"text": "b"}']
+_ALPHABET = list("{}[]\"',:0123456789.-+%eE \n\t") + [
+    "text",
+    "probability",
+    "responses",
+    "NaN",
+    "Infinity",
+    "<response>",
+    "</response>",
+    "<text>",
+    "</text>",
+    "<probability>",
+    "</probability>",
+    "```",
+    "json",
+    "null",
+    "true",
+    "None",
+    "\\",
+    "\u00e9",
+    "\ud800",
+    "a",
+    "b",
+]
+_SEEDS = [
+    CANONICAL,
+    vs_json(("a", "70%"), ("b",), ("a ", 30)),
+    "{'responses': [{'text': 'x', 'probability': None},]}",
+    "<response><text>a</text><probability>0.6</probability></response><response><text>b</text></response>",
+    '[["a", 0.7], ["b", "30%"]]',
+    '{"text": "a", "probability": 0.6}\n{"text": "b"}',
+]
 
 
 def _mutate(text: str, rng: random.Random) -> str:
@@ -256,8 +388,30 @@ def test_never_raises_on_random_garbage_and_mutations():
 
 def test_never_raises_on_wrong_json_types():
     rng = random.Random(7)
-    values = [None, True, False, 0, -1, 1e308, -1e308, 1e-320, 10**30, "", " ", "70%", "x", [], [0.5], {}, {"a": 1},
-              [["nested"]], "NaN", "-inf", "1e999", 3.5]
+    values = [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        1e308,
+        -1e308,
+        1e-320,
+        10**30,
+        "",
+        " ",
+        "70%",
+        "x",
+        [],
+        [0.5],
+        {},
+        {"a": 1},
+        [["nested"]],
+        "NaN",
+        "-inf",
+        "1e999",
+        3.5,
+    ]
     for _ in range(2000):
         items = []
         for _ in range(rng.randint(0, 6)):

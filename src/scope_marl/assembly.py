@@ -48,7 +48,9 @@ def build_env(cfg: EnvConfig) -> Environment:
 
 
 def build_agent(cfg: AgentConfig, models: ModelCache) -> Seat:
-    return Seat(model=models.get(cfg.model), sampling=cfg.sampling, adapter=cfg.adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable)
+    return Seat(
+        model=models.get(cfg.model), sampling=cfg.sampling, adapter=cfg.adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable
+    )
 
 
 def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
@@ -65,9 +67,19 @@ def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
         from scope_marl.simulators.verbalized import VerbalizedSampling
 
         return VerbalizedSampling(
-            model, k=cfg.k, method=cfg.method, variant=cfg.variant, tail_threshold=cfg.tail_threshold, calls=cfg.calls,
-            sampling=cfg.sampling, prompt_prefix=cfg.prompt_prefix, adapter=cfg.adapter, max_retries=cfg.max_retries,
-            constrained=cfg.constrained, seed=cfg.seed, simulator_id=cfg.id,
+            model,
+            k=cfg.k,
+            method=cfg.method,
+            variant=cfg.variant,
+            tail_threshold=cfg.tail_threshold,
+            calls=cfg.calls,
+            sampling=cfg.sampling,
+            prompt_prefix=cfg.prompt_prefix,
+            adapter=cfg.adapter,
+            max_retries=cfg.max_retries,
+            constrained=cfg.constrained,
+            seed=cfg.seed,
+            simulator_id=cfg.id,
         )
     if isinstance(cfg, TrainableSimulatorConfig):
         return TrainableSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)

@@ -66,7 +66,6 @@ def generate(
     console.print(table)
 
 
-
 @app.command()
 def rollout(
     config: Path = typer.Argument(..., help="YAML config (schema: scope_marl.config.RolloutRunConfig)"),
@@ -115,7 +114,6 @@ def rollout(
             console.print(f"  [cyan]{m.role}:[/] {escape(m.content)}")
 
 
-
 @app.command()
 def train(
     config: Path = typer.Argument(None, help="YAML config (schema: scope_marl.config.TrainConfig); omit with --resume"),
@@ -141,8 +139,11 @@ def train(
         fail(str(err))
     records = trainer.run()
     last = records[-1] if records else {}
-    console.print(f"trained to step {trainer.step}; metrics in {trainer.metrics_path}; last agent reward "
-                  f"{last.get('reward_agent', {}).get('mean', float('nan')):.3f}", soft_wrap=True)
+    console.print(
+        f"trained to step {trainer.step}; metrics in {trainer.metrics_path}; last agent reward "
+        f"{last.get('reward_agent', {}).get('mean', float('nan')):.3f}",
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -162,13 +163,21 @@ def demo(
     except (BackendError, FileExistsError) as err:
         fail(str(err))
     console.print(report.read_text(), soft_wrap=True, markup=False)
-    console.print(f"report: {report} (plots: {report.parent / 'collapse.png'}, {report.parent / 'heldout.png'}) "
-                  f"in {time.perf_counter() - started:.0f}s", soft_wrap=True)
+    console.print(
+        f"report: {report} (plots: {report.parent / 'collapse.png'}, {report.parent / 'heldout.png'}) "
+        f"in {time.perf_counter() - started:.0f}s",
+        soft_wrap=True,
+    )
 
 
 @app.command("eval")
 def eval_command(
-    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="base (the untrained model), a run directory (its best, else last checkpoint) or a checkpoint directory"),
+    checkpoint: str = typer.Option(
+        ...,
+        "--checkpoint",
+        "-c",
+        help="base (the untrained model), a run directory (its best, else last checkpoint) or a checkpoint directory",
+    ),
     panel: str = typer.Option("offline", "--panel", "-p", help="panel YAML, or a built-in panel name: offline, api"),
     out: Path = typer.Option(..., "--out", "-o", help="writes eval.json and eval.md here"),
     model: str = typer.Option(None, "--model", "-m", help="base model spec (default: the run's model; embedded for base)"),
@@ -225,10 +234,18 @@ def report(
 
 @app.command()
 def lab(
-    game: str = typer.Option("theory", "--game", "-g", help="theory (the paper's formal setting) or p4g (estimated from the annotated P4G dialogues)"),
-    arms: str = typer.Option(None, "--arms", help="comma-separated arms (default: single,rotation,vs_prob,vs_random,cotrain,population; oracle is an extra reference)"),
+    game: str = typer.Option(
+        "theory", "--game", "-g", help="theory (the paper's formal setting) or p4g (estimated from the annotated P4G dialogues)"
+    ),
+    arms: str = typer.Option(
+        None,
+        "--arms",
+        help="comma-separated arms (default: single,rotation,vs_prob,vs_random,cotrain,population; oracle is an extra reference)",
+    ),
     seeds: int = typer.Option(5, "--seeds", min=1, help="seeds per arm (tables give mean and 95% interval over seeds)"),
-    panel: Path = typer.Option(None, "--panel", help="YAML of held-out simulators (schema in docs/lab.md); default: the built-in held-out panel"),
+    panel: Path = typer.Option(
+        None, "--panel", help="YAML of held-out simulators (schema in docs/lab.md); default: the built-in held-out panel"
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="writes results.json, report.md and collapse.png here"),
 ) -> None:
     """The collapse lab: simulator collapse and both fixes in seconds, with the same simulator-mode
@@ -255,7 +272,9 @@ app.add_typer(diagnose_app, name="diagnose")
 
 @diagnose_app.command("gamma")
 def diagnose_gamma_command(
-    simulator: str = typer.Option("frozen:embedded", "--simulator", "-s", help="simulator spec, e.g. frozen:embedded or persona_guided(temperature=1.0):embedded"),
+    simulator: str = typer.Option(
+        "frozen:embedded", "--simulator", "-s", help="simulator spec, e.g. frozen:embedded or persona_guided(temperature=1.0):embedded"
+    ),
     states: int = typer.Option(4, min=1, help="dialogue states (test personas after a persuader's opening)"),
     samples: int = typer.Option(256, min=2, help="replies sampled per state"),
     vs_k: int = typer.Option(5, "--vs-k", min=2, help="candidates per Verbalized Sampling call (the reference)"),
@@ -276,10 +295,14 @@ def diagnose_gamma_command(
 
     try:
         cfg = parse_simulator_spec(simulator)
-        env_cfg = P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
+        env_cfg = (
+            P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
+        )
         if env_cfg is None:
             fail(f"unknown --env {env!r}; use p4g or say_the_word")
-        result = diagnose_gamma(cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(escape(m), soft_wrap=True))
+        result = diagnose_gamma(
+            cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(escape(m), soft_wrap=True)
+        )
     except (ConfigError, BackendError, ValueError) as err:
         fail(str(err))
     table = Table(title=f"gamma diagnosis of {simulator}: {states} states x {samples} replies")
@@ -289,8 +312,15 @@ def diagnose_gamma_command(
     rows = [(str(r["state"]), r) for r in result["states"]] + [("mean", result["mean"])]
     for label, r in rows:
         for side in ("plain", "vs"):
-            table.add_row(label, side, fmt(r[side]["top1_mass"]), fmt(r[side]["unique"]), fmt(r[side]["entropy"]),
-                          fmt(r[side]["zipf_slope"]), fmt(r["entropy_ratio"]) if side == "plain" else "")
+            table.add_row(
+                label,
+                side,
+                fmt(r[side]["top1_mass"]),
+                fmt(r[side]["unique"]),
+                fmt(r[side]["entropy"]),
+                fmt(r[side]["zipf_slope"]),
+                fmt(r["entropy_ratio"]) if side == "plain" else "",
+            )
     console.print(table)
     if out is not None:
         files.write_json(out, result)

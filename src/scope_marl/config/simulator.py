@@ -109,6 +109,8 @@ def parse_simulator_spec(spec: str) -> SimulatorConfig:
         )
     sampling = {k: options.pop(k) for k in list(options) if k in SamplingParams.model_fields}
     try:
-        return schema.model_validate({"mode": mode, "model": rest, **options, **({"sampling": {**default_sampling().model_dump(), **sampling}} if sampling else {})})
+        return schema.model_validate(
+            {"mode": mode, "model": rest, **options, **({"sampling": {**default_sampling().model_dump(), **sampling}} if sampling else {})}
+        )
     except ValidationError as err:
         raise ConfigError(f"simulator spec {spec!r}:\n" + explain(err, schema)) from None

@@ -48,7 +48,8 @@ class EvalSettings(Section):
     panel: str | None = Field(None, description="a panel YAML path or built-in name (offline, api); replaces `simulator`")
     simulator: SimulatorConfig = Field(
         default_factory=lambda: FrozenSimulatorConfig(
-            id="heldout-skeptic", prompt_prefix="You are skeptical and careful with money.",
+            id="heldout-skeptic",
+            prompt_prefix="You are skeptical and careful with money.",
             sampling=SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=48),
         ),
         description="the one held-out simulator when no panel is given",
@@ -88,11 +89,15 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _roles_match_simulator(self) -> TrainConfig:
         if "user" in self.trainable_roles and self.simulator.mode != "trainable":
-            raise ValueError(f"trainable_roles includes 'user' but simulator.mode is {self.simulator.mode!r}; use mode: trainable (co-training)")
+            raise ValueError(
+                f"trainable_roles includes 'user' but simulator.mode is {self.simulator.mode!r}; use mode: trainable (co-training)"
+            )
         if self.simulator.mode == "trainable" and "user" not in self.trainable_roles:
             raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
         if self.finetune == "full" and self.trainable_roles != ["agent"]:
-            raise ValueError("finetune: full trains the agent only (trainable_roles: [agent]); co-training keeps both roles as LoRA adapters")
+            raise ValueError(
+                "finetune: full trains the agent only (trainable_roles: [agent]); co-training keeps both roles as LoRA adapters"
+            )
         if self.pool is not None and self.simulator.mode != "trainable":
             raise ValueError("pool (population co-training) needs simulator.mode: trainable")
         return self

@@ -33,8 +33,7 @@ class SayTheWord(Environment):
         if index is None:
             raise ValueError(f"unknown split {split!r}; use train, validation or test")
         return [
-            Task(task_id=f"say-{split}-{i}", split=split, data={"word": WORDS[(3 * i + index) % len(WORDS)]})
-            for i in range(self.num_tasks)
+            Task(task_id=f"say-{split}-{i}", split=split, data={"word": WORDS[(3 * i + index) % len(WORDS)]}) for i in range(self.num_tasks)
         ]
 
     def system_prompt(self, task: Task, role: str) -> str:

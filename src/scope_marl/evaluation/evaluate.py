@@ -57,7 +57,9 @@ def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderT
     path = run_layout.resolve_checkpoint(Path(checkpoint_or_base))
     run_config = run_layout.run_dir_of(path) / run_layout.CONFIG
     if model is None and not run_config.exists():
-        raise FileNotFoundError(f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)")
+        raise FileNotFoundError(
+            f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)"
+        )
     spec = model or load_config(run_config, TrainConfig).model
     base = models.get(spec)
     step = run_layout.read_state(path)["step"]
@@ -92,8 +94,9 @@ def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env) -> lis
     simulator = build_simulator(cfg, agent.models)
     simulator.simulator_id = entry.id
     seat = Seat(model=agent.chat, sampling=panel.agent_sampling, adapter=agent.adapter, trainable=True)  # streams carry entropies
-    rollout = RolloutConfig(group_size=panel.samples_per_task, max_concurrent=panel.max_concurrent,
-                            seed=seed, on_turn_limit="continue", progress=False)
+    rollout = RolloutConfig(
+        group_size=panel.samples_per_task, max_concurrent=panel.max_concurrent, seed=seed, on_turn_limit="continue", progress=False
+    )
     return RolloutEngine(env, seat, simulator, rollout).run(panel_tasks(env, panel))
 
 
@@ -189,29 +192,72 @@ def compact(results: dict) -> dict:
         "panel": results["panel"],
         "reward_agent": heldout["reward"]["mean"],
         "policy_entropy": heldout["policy_entropy"],
-        "heldout": {"reward": heldout["reward"], "success": heldout["success"], "policy_entropy": heldout["policy_entropy"],
-                    "episodes": heldout["episodes"], "simulators": heldout["simulators"]},
-        "simulators": {sid: {"training": r["training"], "reward": r["reward"], "policy_entropy": r["policy_entropy"]}
-                       for sid, r in results["simulators"].items()},
+        "heldout": {
+            "reward": heldout["reward"],
+            "success": heldout["success"],
+            "policy_entropy": heldout["policy_entropy"],
+            "episodes": heldout["episodes"],
+            "simulators": heldout["simulators"],
+        },
+        "simulators": {
+            sid: {"training": r["training"], "reward": r["reward"], "policy_entropy": r["policy_entropy"]}
+            for sid, r in results["simulators"].items()
+        },
     }
 
 
 def markdown(results: dict) -> str:
     """The evaluation as a markdown table, one row per simulator plus the aggregates."""
     k_max = max((max(map(int, r["pass_k"]), default=0) for r in results["simulators"].values()), default=0)
-    head = ["simulator", "training", "episodes", "reward [95% CI]", "success [95% CI]", *[f"pass^{k}" for k in range(1, k_max + 1)],
-            "policy entropy", "distinct-1", "distinct-2", "unique openings", "coverage", "failed", "truncated"]
-    lines = [f"# Evaluation of `{results['agent']}` on panel `{results['panel']}` ({results['split']} split, seed {results['seed']})", "",
-             f"Coverage: share of {results.get('coverage_reference') or '-'} reference clusters reached by the agent's turns.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [
+        "simulator",
+        "training",
+        "episodes",
+        "reward [95% CI]",
+        "success [95% CI]",
+        *[f"pass^{k}" for k in range(1, k_max + 1)],
+        "policy entropy",
+        "distinct-1",
+        "distinct-2",
+        "unique openings",
+        "coverage",
+        "failed",
+        "truncated",
+    ]
+    lines = [
+        f"# Evaluation of `{results['agent']}` on panel `{results['panel']}` ({results['split']} split, seed {results['seed']})",
+        "",
+        f"Coverage: share of {results.get('coverage_reference') or '-'} reference clusters reached by the agent's turns.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     rows = [(sid, r, "yes" if r["training"] else "no") for sid, r in results["simulators"].items()]
     rows += [("**held-out**", results["heldout"], ""), ("**all**", results["all"], "")]
     for name, r, training in rows:
         d = r["diversity"]
         passes = [format_number(r["pass_k"].get(k, r["pass_k"].get(str(k)))) for k in range(1, k_max + 1)]
-        lines.append("| " + " | ".join([name, training, str(r["episodes"]), format_interval(r["reward"]), format_interval(r["success"]), *passes,
-                                        format_number(r["policy_entropy"]), format_number(d["distinct_1"]), format_number(d["distinct_2"]),
-                                        format_number(d["unique_openings"]), format_number(d["coverage"]), str(r["failed"]), str(r["truncated"])]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    training,
+                    str(r["episodes"]),
+                    format_interval(r["reward"]),
+                    format_interval(r["success"]),
+                    *passes,
+                    format_number(r["policy_entropy"]),
+                    format_number(d["distinct_1"]),
+                    format_number(d["distinct_2"]),
+                    format_number(d["unique_openings"]),
+                    format_number(d["coverage"]),
+                    str(r["failed"]),
+                    str(r["truncated"]),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -66,8 +66,13 @@ def reply_stats(replies: Sequence[str]) -> dict:
         slope = float(np.polyfit(np.log(np.arange(1, len(counts) + 1)), np.log(counts), 1)[0])
     else:
         slope = None  # one reply: no rank curve to fit
-    return {"samples": total, "top1_mass": float(probs[0]), "unique": len(counts),
-            "entropy": float(-(probs * np.log(probs)).sum()), "zipf_slope": slope}
+    return {
+        "samples": total,
+        "top1_mass": float(probs[0]),
+        "unique": len(counts),
+        "entropy": float(-(probs * np.log(probs)).sum()),
+        "zipf_slope": slope,
+    }
 
 
 def sample_plain(simulator: Simulator, state: SimulatorTurn, m: int, seed: int, batch: int = 64) -> list[str]:
@@ -109,8 +114,17 @@ def paired_configs(cfg: SimulatorConfig, k: int) -> tuple[SimulatorConfig, Verba
     return cfg, VerbalizedConfig(mode="vs", k=k, method="prob", **shared)
 
 
-def diagnose_gamma(cfg: SimulatorConfig, env: Environment, states: int = 4, samples: int = 256, vs_k: int = 5,
-                   vs_calls: int = 32, seed: int = 0, log: Callable[[str], None] = print, models: ModelCache | None = None) -> dict:
+def diagnose_gamma(
+    cfg: SimulatorConfig,
+    env: Environment,
+    states: int = 4,
+    samples: int = 256,
+    vs_k: int = 5,
+    vs_calls: int = 32,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+    models: ModelCache | None = None,
+) -> dict:
     if not isinstance(cfg, LLMSimulatorFields):
         raise ValueError(f"gamma diagnosis needs one LLM simulator (frozen, persona_guided, vs or trainable), got mode {cfg.mode!r}")
     models = models or ModelCache()
@@ -122,13 +136,29 @@ def diagnose_gamma(cfg: SimulatorConfig, env: Environment, states: int = 4, samp
         plain = reply_stats(sample_plain(plain_sim, state, samples, seed * 1_000 + i))
         vs = reply_stats(sample_vs(vs_sim, state, samples, vs_calls, seed + i))
         ratio = plain["entropy"] / vs["entropy"] if vs["entropy"] > 0 else None
-        rows.append({"state": i, "task": state.task.task_id, "opener": state.context[-1].content if len(state.context) > 1 else "",
-                     "plain": plain, "vs": vs, "entropy_ratio": ratio})
+        rows.append(
+            {
+                "state": i,
+                "task": state.task.task_id,
+                "opener": state.context[-1].content if len(state.context) > 1 else "",
+                "plain": plain,
+                "vs": vs,
+                "entropy_ratio": ratio,
+            }
+        )
 
     def mean(values):
         values = [v for v in values if v is not None and math.isfinite(v)]
         return sum(values) / len(values) if values else None
 
-    summary = {side: {key: mean([r[side][key] for r in rows]) for key in ("top1_mass", "unique", "entropy", "zipf_slope")} for side in ("plain", "vs")}
-    return {"simulator": plain_cfg.model_dump(mode="json"), "vs": vs_cfg.model_dump(mode="json"), "states": rows, "samples": samples,
-            "mean": {**summary, "entropy_ratio": mean([r["entropy_ratio"] for r in rows])}}
+    summary = {
+        side: {key: mean([r[side][key] for r in rows]) for key in ("top1_mass", "unique", "entropy", "zipf_slope")}
+        for side in ("plain", "vs")
+    }
+    return {
+        "simulator": plain_cfg.model_dump(mode="json"),
+        "vs": vs_cfg.model_dump(mode="json"),
+        "states": rows,
+        "samples": samples,
+        "mean": {**summary, "entropy_ratio": mean([r["entropy_ratio"] for r in rows])},
+    }

@@ -29,7 +29,9 @@ class PanelSimulator(Section):
 class CoverageSettings(Section):
     clusters: int = Field(8, ge=2, description="KMeans clusters of the reference turns")
     encoder: str = Field("tfidf", description="tfidf, or sentence-transformers:MODEL when such a model is available locally")
-    reference: str = Field("env", pattern="^(env|pooled)$", description="env: the environment's human turns when it has them; pooled: the evaluated turns")
+    reference: str = Field(
+        "env", pattern="^(env|pooled)$", description="env: the environment's human turns when it has them; pooled: the evaluated turns"
+    )
 
 
 class Panel(Section):
@@ -58,7 +60,9 @@ class Panel(Section):
 
     def with_training(self, ids: set[str]) -> Panel:
         """A copy with the given simulators marked as used in training."""
-        return self.model_copy(update={"simulators": [s.model_copy(update={"training": s.training or s.id in ids}) for s in self.simulators]})
+        return self.model_copy(
+            update={"simulators": [s.model_copy(update={"training": s.training or s.id in ids}) for s in self.simulators]}
+        )
 
 
 def builtin_panels() -> list[str]:

@@ -24,14 +24,24 @@ def run_panel(cfg: TrainConfig) -> Panel:
     from pydantic import ValidationError
 
     e = cfg.eval
-    fields = {"env": cfg.env, "split": e.split, "tasks_per_simulator": e.tasks, "samples_per_task": e.group_size,
-              "seed": cfg.seed, "agent_sampling": cfg.agent_sampling, "max_concurrent": cfg.rollout.max_concurrent}
+    fields = {
+        "env": cfg.env,
+        "split": e.split,
+        "tasks_per_simulator": e.tasks,
+        "samples_per_task": e.group_size,
+        "seed": cfg.seed,
+        "agent_sampling": cfg.agent_sampling,
+        "max_concurrent": cfg.rollout.max_concurrent,
+    }
     fields = {k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in fields.items()}
     if e.panel is not None:
         data = {**load_panel(e.panel).model_dump(mode="json"), **fields}
     else:
-        data = {"name": "heldout", "simulators": [{"id": getattr(e.simulator, "id", None) or "heldout",
-                                                    "simulator": e.simulator.model_dump(mode="json")}], **fields}
+        data = {
+            "name": "heldout",
+            "simulators": [{"id": getattr(e.simulator, "id", None) or "heldout", "simulator": e.simulator.model_dump(mode="json")}],
+            **fields,
+        }
     try:  # validated again on this run's env: a panel entry's env overrides must fit it
         panel = Panel.model_validate(data)
     except ValidationError as err:

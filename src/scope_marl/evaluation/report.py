@@ -50,15 +50,27 @@ def plot_collapse(series: dict[str, list[dict]], path: str | Path, title: str = 
             if not points:
                 continue
             steps = [p["step"] for p in points]
-            line, = ax.plot(steps, [p[key] for p in points], linestyle=styles[i % len(styles)],
-                            marker=markers[i % len(markers)] if len(points) < 30 else None, markersize=5, label=arm)
+            (line,) = ax.plot(
+                steps,
+                [p[key] for p in points],
+                linestyle=styles[i % len(styles)],
+                marker=markers[i % len(markers)] if len(points) < 30 else None,
+                markersize=5,
+                label=arm,
+            )
             if all(p.get(f"{key}_low") is not None for p in points):
                 low, high = [p[f"{key}_low"] for p in points], [p[f"{key}_high"] for p in points]
                 if len(points) > 1:
                     ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
                 else:  # a band needs two points; one point gets an error bar
-                    ax.errorbar(steps, [p[key] for p in points], yerr=[[p[key] - lo for p, lo in zip(points, low)], [hi - p[key] for p, hi in zip(points, high)]],
-                                color=line.get_color(), capsize=4, linestyle="none")
+                    ax.errorbar(
+                        steps,
+                        [p[key] for p in points],
+                        yerr=[[p[key] - lo for p, lo in zip(points, low)], [hi - p[key] for p, hi in zip(points, high)]],
+                        color=line.get_color(),
+                        capsize=4,
+                        linestyle="none",
+                    )
         if not ax.lines:
             ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set(title=panel_title, xlabel="training step", ylabel=ylabel)
@@ -86,7 +98,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def final_evaluation(run_dir: Path) -> dict | None:
     """The run's latest full evaluation: ``eval/eval.json`` (scope eval --out RUN_DIR/eval, or the
     demo), else the last periodic one in ``evals/``, else ``eval.json`` when the folder is a scope eval output."""
-    for candidate in (run_dir / "eval" / "eval.json", *sorted((run_dir / "evals").glob("step-*.json"), reverse=True), run_dir / "eval.json"):
+    for candidate in (
+        run_dir / "eval" / "eval.json",
+        *sorted((run_dir / "evals").glob("step-*.json"), reverse=True),
+        run_dir / "eval.json",
+    ):
         if candidate.exists():
             return json.loads(candidate.read_text())
     return None
@@ -100,14 +116,16 @@ def collapse_series(records: list[dict], final: dict | None = None) -> list[dict
     points = []
     for r in records:
         held = (r.get("eval") or {}).get("heldout", {}).get("reward", {})
-        points.append({
-            "step": r["step"],
-            "train_reward": (r.get("reward_agent") or {}).get("mean"),
-            "heldout_reward": held.get("mean"),
-            "heldout_reward_low": held.get("low"),
-            "heldout_reward_high": held.get("high"),
-            "policy_entropy": (r.get("train_agent") or {}).get("entropy"),
-        })
+        points.append(
+            {
+                "step": r["step"],
+                "train_reward": (r.get("reward_agent") or {}).get("mean"),
+                "heldout_reward": held.get("mean"),
+                "heldout_reward_low": held.get("low"),
+                "heldout_reward_high": held.get("high"),
+                "policy_entropy": (r.get("train_agent") or {}).get("entropy"),
+            }
+        )
     at = [p for p in points if final and p["step"] == final.get("step") and p["heldout_reward"] is None]
     if at:
         held = final["heldout"]["reward"]
@@ -144,8 +162,10 @@ def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
     for i, (name, ev) in enumerate(evaluated.items()):
         cells = [ev["simulators"].get(sid, {}).get("reward", {}) for sid in simulators]
         means = [c.get("mean") if c.get("mean") is not None else math.nan for c in cells]
-        errors = [[m - (c.get("low") if c.get("low") is not None else m) for m, c in zip(means, cells)],
-                  [(c.get("high") if c.get("high") is not None else m) - m for m, c in zip(means, cells)]]
+        errors = [
+            [m - (c.get("low") if c.get("low") is not None else m) for m, c in zip(means, cells)],
+            [(c.get("high") if c.get("high") is not None else m) - m for m, c in zip(means, cells)],
+        ]
         bars = ax.bar([j + i * width for j in range(len(simulators))], means, width, yerr=errors, capsize=3, label=name)
         ax.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)  # a zero bar is otherwise invisible
     labels = [f"{sid}\n(training)" if sid in trained else sid for sid in simulators]
@@ -161,26 +181,38 @@ def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
 
 
 def report_markdown(runs: dict[str, dict]) -> str:
-    lines = ["# Report", "",
-             "Collapse reads as training-simulator reward rising while held-out reward and policy entropy fall.", "",
-             "![collapse curves](collapse.png)", "",
-             *(["![reward per panel simulator](heldout.png)", ""] if any(r["evaluation"] for r in runs.values()) else []),
-             "## Runs", "",
-             "| run | steps | train reward (first -> last) | held-out reward [95% CI] | held-out success | policy entropy | distinct-2 | coverage |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Report",
+        "",
+        "Collapse reads as training-simulator reward rising while held-out reward and policy entropy fall.",
+        "",
+        "![collapse curves](collapse.png)",
+        "",
+        *(["![reward per panel simulator](heldout.png)", ""] if any(r["evaluation"] for r in runs.values()) else []),
+        "## Runs",
+        "",
+        "| run | steps | train reward (first -> last) | held-out reward [95% CI] | held-out success | policy entropy | distinct-2 | coverage |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, run in runs.items():
         train = [p["train_reward"] for p in collapse_series(run["records"]) if p["train_reward"] is not None]
         held = (run["evaluation"] or {}).get("heldout", {})
-        lines.append(f"| {name} | {len(run['records'])} | {format_number(train[0]) if train else '-'} -> {format_number(train[-1]) if train else '-'} | "
-                     f"{format_interval(held.get('reward'))} | {format_interval(held.get('success'))} | {format_number(held.get('policy_entropy'))} | "
-                     f"{format_number(held.get('diversity', {}).get('distinct_2'))} | {format_number(held.get('diversity', {}).get('coverage'))} |")
+        lines.append(
+            f"| {name} | {len(run['records'])} | {format_number(train[0]) if train else '-'} -> {format_number(train[-1]) if train else '-'} | "
+            f"{format_interval(held.get('reward'))} | {format_interval(held.get('success'))} | {format_number(held.get('policy_entropy'))} | "
+            f"{format_number(held.get('diversity', {}).get('distinct_2'))} | {format_number(held.get('diversity', {}).get('coverage'))} |"
+        )
     evaluated = {name: run["evaluation"] for name, run in runs.items() if run["evaluation"]}
     if evaluated:
         simulators = list(dict.fromkeys(sid for ev in evaluated.values() for sid in ev["simulators"]))
         lines += ["", "## Reward per simulator", "", "| simulator | " + " | ".join(evaluated) + " |", "|---|" + "---|" * len(evaluated)]
         for sid in simulators:
             mark = " (training)" if any(ev["simulators"].get(sid, {}).get("training") for ev in evaluated.values()) else ""
-            lines.append(f"| {sid}{mark} | " + " | ".join(format_interval(ev["simulators"].get(sid, {}).get("reward")) for ev in evaluated.values()) + " |")
+            lines.append(
+                f"| {sid}{mark} | "
+                + " | ".join(format_interval(ev["simulators"].get(sid, {}).get("reward")) for ev in evaluated.values())
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 

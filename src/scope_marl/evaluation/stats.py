@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0,
-                 groups: Sequence | None = None) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0, groups: Sequence | None = None
+) -> tuple[float, float]:
     """Percentile bootstrap interval for the mean of ``values``.
 
     Resample with replacement ``n_resamples`` times, take each resample's mean, and return the
@@ -72,8 +73,38 @@ def pass_hat_k_curve(per_task: Sequence[tuple[int, int]]) -> dict[int, float]:
 
 
 # Two-sided 95% Student-t quantiles by degrees of freedom (1..30); beyond, the normal 1.96.
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+_T975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def t_interval(values: Sequence[float]) -> dict:

@@ -39,8 +39,15 @@ class Dialogues:
         return float(self.agent_entropy[self.mask].mean())
 
 
-def play(game: Game, policy: StrategyPolicy, simulator: Simulator, personas: Tensor, group_size: int,
-         generator: torch.Generator, first_group: int = 0) -> Dialogues:
+def play(
+    game: Game,
+    policy: StrategyPolicy,
+    simulator: Simulator,
+    personas: Tensor,
+    group_size: int,
+    generator: torch.Generator,
+    first_group: int = 0,
+) -> Dialogues:
     """``len(personas)`` groups of ``group_size`` dialogues; group g faces ``simulator.for_group(first_group + g)``."""
     groups = len(personas)
     n, T = groups * group_size, game.turns
@@ -57,9 +64,18 @@ def play(game: Game, policy: StrategyPolicy, simulator: Simulator, personas: Ten
     previous = torch.full((n,), game.start)
     alive = torch.ones(n, dtype=torch.bool)
     played = persona.clone()
-    record = {name: torch.zeros(n, T, dtype=dtype) for name, dtype in (
-        ("previous", torch.long), ("strategies", torch.long), ("acts", torch.long), ("mask", torch.bool),
-        ("agent_logp", torch.float), ("agent_entropy", torch.float), ("user_logp", torch.float))}
+    record = {
+        name: torch.zeros(n, T, dtype=dtype)
+        for name, dtype in (
+            ("previous", torch.long),
+            ("strategies", torch.long),
+            ("acts", torch.long),
+            ("mask", torch.bool),
+            ("agent_logp", torch.float),
+            ("agent_entropy", torch.float),
+            ("user_logp", torch.float),
+        )
+    }
     with torch.no_grad():
         for t in range(T):
             logp = policy(t, previous)
@@ -87,5 +103,6 @@ def play(game: Game, policy: StrategyPolicy, simulator: Simulator, personas: Ten
                 break
     rewards = game.outcome(record["acts"], record["mask"])
     group_ids = [str(first_group + g) for g in range(groups) for _ in range(group_size)]
-    return Dialogues(persona=persona, played=played, rewards=rewards, group_ids=group_ids,
-                     simulators=[m.simulator_id for m in members], **record)
+    return Dialogues(
+        persona=persona, played=played, rewards=rewards, group_ids=group_ids, simulators=[m.simulator_id for m in members], **record
+    )

@@ -30,8 +30,9 @@ def update_agent(policy: StrategyPolicy, optimizer: torch.optim.Optimizer, d: Di
     logp = policy(turn, d.previous)  # [n, T, S]
     new = logp.gather(-1, d.strategies[..., None]).squeeze(-1)
     reference = torch.full_like(new, -math.log(logp.shape[-1]))  # the initial policy is uniform
-    loss, stats = policy_loss(new, d.agent_logp, advantages, d.mask.float(), ref_logp=reference,
-                              entropy=entropy_nats(logp.exp()), kl_coef=s.kl_coef)
+    loss, stats = policy_loss(
+        new, d.agent_logp, advantages, d.mask.float(), ref_logp=reference, entropy=entropy_nats(logp.exp()), kl_coef=s.kl_coef
+    )
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -65,8 +66,11 @@ def evaluate(game: Game, policy: StrategyPolicy, panel: list, s: Settings) -> di
         d = play(game, policy, simulator, personas, s.eval_group_size, generator)
         per_simulator[name] = float(d.rewards.mean())
         entropies.append(d.mean_entropy())
-    return {"reward": sum(per_simulator.values()) / len(per_simulator), "entropy": sum(entropies) / len(entropies),
-            "per_simulator": per_simulator}
+    return {
+        "reward": sum(per_simulator.values()) / len(per_simulator),
+        "entropy": sum(entropies) / len(entropies),
+        "per_simulator": per_simulator,
+    }
 
 
 def train_arm(game: Game, arm: str, seed: int, s: Settings, panel: list) -> dict:
@@ -82,9 +86,16 @@ def train_arm(game: Game, arm: str, seed: int, s: Settings, panel: list) -> dict
 
         def point(step: int) -> None:
             held_out = evaluate(game, policy, panel, s)
-            window = rewards[-s.eval_every:] if step else rewards[:1]
-            curve.append({"step": step, "train_reward": sum(window) / len(window), "heldout_reward": held_out["reward"],
-                          "policy_entropy": held_out["entropy"], "per_simulator": held_out["per_simulator"]})
+            window = rewards[-s.eval_every :] if step else rewards[:1]
+            curve.append(
+                {
+                    "step": step,
+                    "train_reward": sum(window) / len(window),
+                    "heldout_reward": held_out["reward"],
+                    "policy_entropy": held_out["entropy"],
+                    "per_simulator": held_out["per_simulator"],
+                }
+            )
 
         for step in range(s.steps):
             personas = torch.multinomial(game.weights, s.groups, replacement=True, generator=generator)
@@ -99,5 +110,12 @@ def train_arm(game: Game, arm: str, seed: int, s: Settings, panel: list) -> dict
                 opp.pool.add(opp.trainable.save(Path(tmp) / f"staging-{step + 1}"), step=step + 1)
             if (step + 1) % s.eval_every == 0 or step + 1 == s.steps:
                 point(step + 1)
-    return {"arm": arm, "seed": seed, "curve": curve, "final": curve[-1], "start": curve[0],
-            "max_on_policy_gap": max(gaps), "policy": policy.describe(game)}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "curve": curve,
+        "final": curve[-1],
+        "start": curve[0],
+        "max_on_policy_gap": max(gaps),
+        "policy": policy.describe(game),
+    }

@@ -113,8 +113,10 @@ def persona_weights(game: Game, spec: PanelSimulator, where: str) -> torch.Tenso
     items = list(personas.items()) if isinstance(personas, dict) else [(name, None) for name in personas]
     for name, weight in items:
         if name not in game.personas:
-            raise PanelError(f"{where}.personas: unknown persona {name!r} for game {game.name}. "
-                             f"Fix: use one of {list(game.personas)}, or population / modal / minority")
+            raise PanelError(
+                f"{where}.personas: unknown persona {name!r} for game {game.name}. "
+                f"Fix: use one of {list(game.personas)}, or population / modal / minority"
+            )
         index = game.persona_index(name)
         weights[index] = game.weights[index] if weight is None else weight
     if not weights.sum() > 0:

@@ -16,9 +16,18 @@ def table_rows(results: dict) -> list[list[str]]:
     rows = []
     for arm, r in results["results"].items():
         final, change = r["final"], r["change"]
-        rows.append([arm, format_interval(final["train_reward"]), format_interval(change["train_reward"], True), format_interval(final["heldout_reward"]),
-                     format_interval(change["heldout_reward"], True), format_interval(final["policy_entropy"]), format_interval(change["policy_entropy"], True),
-                     format_interval(r.get("heldout_vs_single"), True)])
+        rows.append(
+            [
+                arm,
+                format_interval(final["train_reward"]),
+                format_interval(change["train_reward"], True),
+                format_interval(final["heldout_reward"]),
+                format_interval(change["heldout_reward"], True),
+                format_interval(final["policy_entropy"]),
+                format_interval(change["policy_entropy"], True),
+                format_interval(r.get("heldout_vs_single"), True),
+            ]
+        )
     return rows
 
 
@@ -39,18 +48,27 @@ def checks(results: dict) -> list[str]:
     lines = []
     if "single" in r:
         change = r["single"]["change"]
-        lines.append(f"single: training-simulator reward {format_interval(change['train_reward'], True)}: "
-                     + _verdict(change["train_reward"], "rises", "falls"))
-        lines.append(f"single: held-out reward {format_interval(change['heldout_reward'], True)}: "
-                     + _verdict(change["heldout_reward"], "rises", "falls"))
-        lines.append(f"single: policy entropy {format_interval(change['policy_entropy'], True)}: "
-                     + _verdict(change["policy_entropy"], "rises", "falls"))
+        lines.append(
+            f"single: training-simulator reward {format_interval(change['train_reward'], True)}: "
+            + _verdict(change["train_reward"], "rises", "falls")
+        )
+        lines.append(
+            f"single: held-out reward {format_interval(change['heldout_reward'], True)}: "
+            + _verdict(change["heldout_reward"], "rises", "falls")
+        )
+        lines.append(
+            f"single: policy entropy {format_interval(change['policy_entropy'], True)}: "
+            + _verdict(change["policy_entropy"], "rises", "falls")
+        )
         for arm, stats in r.items():
             if arm != "single" and stats.get("heldout_vs_single"):
                 diff = stats["heldout_vs_single"]
                 note = " (reference only: oracle trains on the human model)" if arm == "oracle" else ""
-                lines.append(f"{arm} vs single, held-out {format_interval(diff, True)}: "
-                             + _verdict(diff, "beats single", "worse than single") + note)
+                lines.append(
+                    f"{arm} vs single, held-out {format_interval(diff, True)}: "
+                    + _verdict(diff, "beats single", "worse than single")
+                    + note
+                )
     return lines
 
 
@@ -58,9 +76,13 @@ def format_table(results: dict) -> str:
     """The per-arm table as plain text, then the checks (what ``scope lab`` prints)."""
     rows = [HEADER, *table_rows(results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    lines = [(f"game {results['game']}: {results['seeds']} seeds, mean [95% t-interval over seeds]; "
-              f"held-out panel '{results['panel']['name']}' ({len(results['panel']['simulators'])} simulators); "
-              "change = final - step 0")]
+    lines = [
+        (
+            f"game {results['game']}: {results['seeds']} seeds, mean [95% t-interval over seeds]; "
+            f"held-out panel '{results['panel']['name']}' ({len(results['panel']['simulators'])} simulators); "
+            "change = final - step 0"
+        )
+    ]
     for i, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
@@ -70,11 +92,18 @@ def format_table(results: dict) -> str:
 
 def report_markdown(results: dict) -> str:
     game = results["game"]
-    lines = [f"# Collapse lab: `{game}`", "",
-             (f"{results['seeds']} seeds per arm; every cell is the mean over seeds with its {results['interval']}. "
-              f"Held-out panel: `{results['panel_file']}` ({len(results['panel']['simulators'])} simulators, never used to "
-              "choose anything). *change* is final minus step 0; *held-out - single* is paired by seed."), "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines = [
+        f"# Collapse lab: `{game}`",
+        "",
+        (
+            f"{results['seeds']} seeds per arm; every cell is the mean over seeds with its {results['interval']}. "
+            f"Held-out panel: `{results['panel_file']}` ({len(results['panel']['simulators'])} simulators, never used to "
+            "choose anything). *change* is final minus step 0; *held-out - single* is paired by seed."
+        ),
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     names = [s["id"] for s in results["panel"]["simulators"]]
     lines += ["", "## Final held-out reward per simulator", "", "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -82,8 +111,12 @@ def report_markdown(results: dict) -> str:
         lines.append(f"| {arm} | " + " | ".join(format_interval(r["per_simulator"][n]) for n in names) + " |")
     lines += ["", "## Checks", ""] + [f"- {line}" for line in checks(results)]
     lines += ["", "## Settings", ""] + [f"- `{key}`: {json.dumps(value)}" for key, value in results["settings"].items()]
-    lines += ["", "Collapse curves: `collapse.png` (training-simulator reward, held-out reward, policy entropy vs step).",
-              "Modelling choices: docs/lab.md.", ""]
+    lines += [
+        "",
+        "Collapse curves: `collapse.png` (training-simulator reward, held-out reward, policy entropy vs step).",
+        "Modelling choices: docs/lab.md.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -94,5 +127,8 @@ def plot(results: dict, path: Path, log=print) -> None:
     except ImportError as exc:  # matplotlib missing: the tables still stand
         log(f"[lab] no plot: {exc}")
         return
-    plot_collapse({arm: r["curve"] for arm, r in results["results"].items()}, path,
-                  title=f"Collapse lab: {results['game']} ({results['seeds']} seeds, 95% t-intervals)")
+    plot_collapse(
+        {arm: r["curve"] for arm, r in results["results"].items()},
+        path,
+        title=f"Collapse lab: {results['game']} ({results['seeds']} seeds, 95% t-intervals)",
+    )

@@ -44,8 +44,14 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def run_lab(game: str = "theory", arms: list[str] | None = None, seeds: int = 5, panel: str | Path | None = None,
-            out: Path = Path("lab"), log: Callable[[str], None] = print) -> dict:
+def run_lab(
+    game: str = "theory",
+    arms: list[str] | None = None,
+    seeds: int = 5,
+    panel: str | Path | None = None,
+    out: Path = Path("lab"),
+    log: Callable[[str], None] = print,
+) -> dict:
     """Train every arm with ``seeds`` seeds on ``game`` and write results.json, report.md, collapse.png to ``out``.
 
     ``panel`` is a held-out panel: a YAML path or a built-in name (default ``heldout``). Returns the
@@ -76,8 +82,10 @@ def run_lab(game: str = "theory", arms: list[str] | None = None, seeds: int = 5,
                 run = train_arm(lab_game, arm, seed, s, members)
                 runs.append(run)
                 f = run["final"]
-                log(f"[lab {game}] {arm:10s} seed {seed}: train {f['train_reward']:.3f}  held-out {f['heldout_reward']:.3f}  "
-                    f"entropy {f['policy_entropy']:.3f}  ({time.perf_counter() - t0:.1f}s)")
+                log(
+                    f"[lab {game}] {arm:10s} seed {seed}: train {f['train_reward']:.3f}  held-out {f['heldout_reward']:.3f}  "
+                    f"entropy {f['policy_entropy']:.3f}  ({time.perf_counter() - t0:.1f}s)"
+                )
             per_arm[arm] = {"summary": summarize(runs), "runs": runs}
     finally:
         torch.set_num_threads(threads)
@@ -88,8 +96,13 @@ def run_lab(game: str = "theory", arms: list[str] | None = None, seeds: int = 5,
             diffs = [r["final"]["heldout_reward"] - base[r["seed"]] for r in result["runs"] if r["seed"] in base]
             result["summary"]["heldout_vs_single"] = t_interval(diffs) if arm != "single" else None
     results = {
-        "game": game, "arms": arms, "seeds": seeds, "settings": s.model_dump(mode="json"), "panel": panel_spec.model_dump(),
-        "panel_file": panel_file(panel), "game_notes": lab_game.notes,
+        "game": game,
+        "arms": arms,
+        "seeds": seeds,
+        "settings": s.model_dump(mode="json"),
+        "panel": panel_spec.model_dump(),
+        "panel_file": panel_file(panel),
+        "game_notes": lab_game.notes,
         "interval": "95% Student-t interval over seeds",
         "results": {arm: r["summary"] for arm, r in per_arm.items()},
         "runs": {arm: [{k: v for k, v in run.items() if k != "curve"} for run in r["runs"]] for arm, r in per_arm.items()},

@@ -169,8 +169,16 @@ class VerbalizedActs(ActSimulator):
     picks the same candidates from the same uniforms (tested), thousands of times faster.
     """
 
-    def __init__(self, simulator: FrozenActs, k: int | None = None, method: str = "prob", noise: float = VS_NOISE,
-                 residual: float = VS_RESIDUAL, exact: bool = False, simulator_id: str | None = None):
+    def __init__(
+        self,
+        simulator: FrozenActs,
+        k: int | None = None,
+        method: str = "prob",
+        noise: float = VS_NOISE,
+        residual: float = VS_RESIDUAL,
+        exact: bool = False,
+        simulator_id: str | None = None,
+    ):
         if simulator.gamma is None:
             raise ValueError("Verbalized Sampling wraps a gamma-sharpened simulator (FrozenActs.sharpened)")
         if method not in ("prob", "random"):

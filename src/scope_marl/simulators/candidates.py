@@ -450,8 +450,17 @@ _TOKEN = re.compile(
 _SINGLE_QUOTED = re.compile(r"'((?:[^'\\]|\\.|'(?!\s*(?:[,:}\]]|\Z)))*)'(?=\s*(?:[,:}\]]|\Z))", re.S)
 _SINGLE_QUOTED_ESCAPES = re.compile(r'\\.|"', re.S)
 _COLON_AHEAD = re.compile(r"\s*:")
-_PYTHON_LITERALS = {"None": "null", "True": "true", "False": "false", "nan": "NaN", "NaN": "NaN",
-                    "inf": "Infinity", "Inf": "Infinity", "infinity": "Infinity", "Infinity": "Infinity"}
+_PYTHON_LITERALS = {
+    "None": "null",
+    "True": "true",
+    "False": "false",
+    "nan": "NaN",
+    "NaN": "NaN",
+    "inf": "Infinity",
+    "Inf": "Infinity",
+    "infinity": "Infinity",
+    "Infinity": "Infinity",
+}
 # Where JSON expects a value or a key: after these characters. Rewrites happen only there, so
 # prose ("Here's", "about 70% sure", "None of these") passes through untouched.
 _KEY_CONTEXT = "{,"

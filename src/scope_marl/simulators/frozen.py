@@ -30,7 +30,9 @@ class LLMSimulator(Simulator[str]):
         simulator_id: str | None = None,
     ):
         adapter = adapter if adapter is not None else self.default_adapter
-        self.seat = Seat(model=model, sampling=sampling or SamplingParams(), adapter=adapter, prompt_prefix=prompt_prefix, trainable=self.trainable)
+        self.seat = Seat(
+            model=model, sampling=sampling or SamplingParams(), adapter=adapter, prompt_prefix=prompt_prefix, trainable=self.trainable
+        )
         self.simulator_id = simulator_id or f"{self.kind}:{model.name}" + (f"+{adapter}" if adapter else "")
 
     def direct_seat(self):
@@ -38,8 +40,14 @@ class LLMSimulator(Simulator[str]):
 
     def identity(self) -> dict:
         seat = self.seat
-        return {"id": self.simulator_id, "mode": self.kind, "model": seat.model.name, "adapter": seat.adapter,
-                "prompt_prefix": seat.prompt_prefix, "temperature": seat.sampling.temperature}
+        return {
+            "id": self.simulator_id,
+            "mode": self.kind,
+            "model": seat.model.name,
+            "adapter": seat.adapter,
+            "prompt_prefix": seat.prompt_prefix,
+            "temperature": seat.sampling.temperature,
+        }
 
     def chats(self, turns: Sequence[SimulatorTurn]) -> list[list[Message]]:
         """Each turn's context with this simulator's prompt variant applied to the system message."""

@@ -161,7 +161,9 @@ class SimulatorPool:
         (self.root / MEMBERS_DIR).mkdir(parents=True, exist_ok=True)
         self._save()
 
-    def _setup(self, root: Path, settings: _Settings, next_index: int, selections: int, rng: random.Random, members: list[PoolMember]) -> None:
+    def _setup(
+        self, root: Path, settings: _Settings, next_index: int, selections: int, rng: random.Random, members: list[PoolMember]
+    ) -> None:
         self.root = root.resolve()
         self.max_size = settings.max_size
         self.pin_base = settings.pin_base
@@ -187,7 +189,9 @@ class SimulatorPool:
         for member in self._members:
             if member.member_id == member_id:
                 return member
-        raise KeyError(f"no member {member_id!r} in the pool at {self.root} (it may have been evicted); members: {[m.member_id for m in self._members]}")
+        raise KeyError(
+            f"no member {member_id!r} in the pool at {self.root} (it may have been evicted); members: {[m.member_id for m in self._members]}"
+        )
 
     def add(self, source_dir: str | os.PathLike[str], step: int, base: bool = False) -> PoolMember:
         """Copy ``source_dir`` into a new member directory and return the member.
@@ -203,7 +207,9 @@ class SimulatorPool:
             raise ValueError(f"cannot add simulator snapshot: {source} contains no files (did save_pretrained run?)")
         is_base = self._next_index == 0
         if base and not is_base:
-            raise ValueError(f"base=True but the pool at {self.root} already had {self._next_index} member(s) added; only the first member is the base")
+            raise ValueError(
+                f"base=True but the pool at {self.root} already had {self._next_index} member(s) added; only the first member is the base"
+            )
 
         member_id = f"m{self._next_index:04d}-step{step}"
         final = self.root / MEMBERS_DIR / member_id
@@ -311,11 +317,12 @@ class SimulatorPool:
             if not path.is_dir():
                 problems.append(f"{member.member_id}: directory {path} is missing")
             elif (actual := directory_hash(path)) != member.content_hash:
-                problems.append(f"{member.member_id}: content changed on disk (hash {actual[:12]}..., recorded {member.content_hash[:12]}...)")
+                problems.append(
+                    f"{member.member_id}: content changed on disk (hash {actual[:12]}..., recorded {member.content_hash[:12]}...)"
+                )
         if problems:
             raise PoolIntegrityError(
-                f"simulator pool at {self.root} failed verification; members must never change after add():\n  "
-                + "\n  ".join(problems)
+                f"simulator pool at {self.root} failed verification; members must never change after add():\n  " + "\n  ".join(problems)
             )
 
     # ----------------------------------------------------------------- manifest
@@ -328,7 +335,9 @@ class SimulatorPool:
         version, internal, gauss_next = self._rng.getstate()
         manifest = _Manifest(
             version=MANIFEST_VERSION,
-            settings=_Settings(max_size=self.max_size, pin_base=self.pin_base, selection=self.selection, priority_floor=self.priority_floor, seed=self.seed),
+            settings=_Settings(
+                max_size=self.max_size, pin_base=self.pin_base, selection=self.selection, priority_floor=self.priority_floor, seed=self.seed
+            ),
             next_index=self._next_index,
             selections=self._selections,
             rng_state=[version, list(internal), gauss_next],
@@ -367,7 +376,9 @@ class SimulatorPool:
         for member in manifest.members:
             resolved = (resolved_root / member.path).resolve()
             if resolved.parent != resolved_root / MEMBERS_DIR:
-                raise PoolManifestError(f"corrupt pool manifest {path}: member {member.member_id} points outside {root / MEMBERS_DIR}: {member.path}\nTo fix: {fix}")
+                raise PoolManifestError(
+                    f"corrupt pool manifest {path}: member {member.member_id} points outside {root / MEMBERS_DIR}: {member.path}\nTo fix: {fix}"
+                )
             members.append(member.model_copy(update={"path": str(resolved)}))
         if len({m.member_id for m in members}) != len(members):
             raise PoolManifestError(f"corrupt pool manifest {path}: duplicate member ids\nTo fix: {fix}")

@@ -21,7 +21,9 @@ from scope_marl.simulators.pool import SimulatorPool
 
 
 class PopulationSimulator(Simulator[str]):
-    def __init__(self, pool: SimulatorPool, model, sampling: SamplingParams | None = None, prompt_prefix: str = "", seed: int = 0, window: int = 64):
+    def __init__(
+        self, pool: SimulatorPool, model, sampling: SamplingParams | None = None, prompt_prefix: str = "", seed: int = 0, window: int = 64
+    ):
         self.pool = pool
         self.model = model
         self.sampling = sampling or SamplingParams()
@@ -45,8 +47,13 @@ class PopulationSimulator(Simulator[str]):
         member = self.pool.select(rng=random.Random(derive_seed(self.seed, group_index)), scores=self.scores())
         adapter = f"pool-{member.member_id}"
         self._sync_adapters(adapter, member.path)
-        return FrozenSimulator(self.model, self.sampling, self.prompt_prefix, adapter=adapter,
-                               simulator_id=f"pool:{member.member_id}@{member.content_hash[:12]}")
+        return FrozenSimulator(
+            self.model,
+            self.sampling,
+            self.prompt_prefix,
+            adapter=adapter,
+            simulator_id=f"pool:{member.member_id}@{member.content_hash[:12]}",
+        )
 
     def _sync_adapters(self, adapter: str, path: str) -> None:
         """Load the drawn member's adapter; drop adapters of members the pool has evicted."""
@@ -57,8 +64,12 @@ class PopulationSimulator(Simulator[str]):
             self.model.add_adapter(adapter, path)
 
     def identity(self) -> dict:
-        return {"id": self.simulator_id, "mode": "pool", "members": [m.member_id for m in self.pool.members],
-                "selection": self.pool.selection}
+        return {
+            "id": self.simulator_id,
+            "mode": "pool",
+            "members": [m.member_id for m in self.pool.members],
+            "selection": self.pool.selection,
+        }
 
     def respond(self, turns: Sequence[SimulatorTurn]) -> list[str]:
         raise TypeError("a PopulationSimulator answers through the member drawn for each group: call for_group(i) first")

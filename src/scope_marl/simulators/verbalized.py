@@ -100,7 +100,13 @@ class VerbalizedSampling(LLMSimulator):
     ):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        super().__init__(model, sampling, prompt_prefix, adapter, simulator_id or f"vs-{method}{'-' + variant if variant != 'standard' else ''}:{model.name}")
+        super().__init__(
+            model,
+            sampling,
+            prompt_prefix,
+            adapter,
+            simulator_id or f"vs-{method}{'-' + variant if variant != 'standard' else ''}:{model.name}",
+        )
         self.k, self.method, self.variant = k, method, variant
         self.tail_threshold = tail_threshold
         self.calls = calls if variant == "multi" else 1
@@ -152,8 +158,12 @@ class VerbalizedSampling(LLMSimulator):
             if cands:
                 index = draw_candidate(cands, self.rng)
                 reply = cands[index].text
-                record.update(candidates=[{"text": c.text, "probability": c.probability} for c in cands], chosen=index,
-                              fallback=False, entropy=candidate_entropy(cands))
+                record.update(
+                    candidates=[{"text": c.text, "probability": c.probability} for c in cands],
+                    chosen=index,
+                    fallback=False,
+                    entropy=candidate_entropy(cands),
+                )
             else:
                 reply = turn.rules(raw) if turn.rules is not None else raw
                 record.update(candidates=[], chosen=None, fallback=True, entropy=None)
@@ -196,7 +206,9 @@ class VerbalizedSampling(LLMSimulator):
         number_sampling = self.seat.sampling.model_copy(update={"stop": [",", "}", "\n", " "], "max_new_tokens": 6})
 
         def fill(sampling: SamplingParams) -> list[str]:
-            gens = model.generate_ids([h + model.encode_text(d) for h, d in zip(heads, docs)], self._seeded(sampling), adapters, cache_keys=keys)
+            gens = model.generate_ids(
+                [h + model.encode_text(d) for h, d in zip(heads, docs)], self._seeded(sampling), adapters, cache_keys=keys
+            )
             return [g.text for g in gens]
 
         try:
@@ -238,4 +250,3 @@ def vs_metrics(episodes) -> dict:
         "mean_valid_k": sum(valid) / len(valid) if valid else 0.0,
         "mean_candidate_entropy": sum(entropies) / len(entropies) if entropies else 0.0,
     }
-

@@ -18,8 +18,9 @@ import torch
 from scope_marl.core import files, run_layout
 
 
-def save(run_dir: Path, step: int, chat, adapters: list[str], optimizers: dict, state: dict, engine_state: dict,
-         weights: dict | None = None) -> Path:
+def save(
+    run_dir: Path, step: int, chat, adapters: list[str], optimizers: dict, state: dict, engine_state: dict, weights: dict | None = None
+) -> Path:
     """``weights`` maps a policy name to a fully fine-tuned model whose every weight is saved."""
     from safetensors.torch import save_model
 

@@ -23,8 +23,15 @@ from scope_marl.training.losses import group_advantages, policy_loss, zero_varia
 
 
 class Learner:
-    def __init__(self, chat: HFChatModel, role: str, adapter: str | None, temperature: float, config: LearnerConfig | None = None,
-                 reference: HFChatModel | None = None):
+    def __init__(
+        self,
+        chat: HFChatModel,
+        role: str,
+        adapter: str | None,
+        temperature: float,
+        config: LearnerConfig | None = None,
+        reference: HFChatModel | None = None,
+    ):
         self.chat, self.role, self.adapter, self.reference = chat, role, adapter, reference
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
         self.config = config or LearnerConfig()
@@ -91,8 +98,14 @@ class Learner:
             ids_p[i, width_p - len(p) :] = torch.tensor(p)
             mask_p[i, width_p - len(p) :] = 1
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids_p, attention_mask=mask_p, position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
-                              cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=ids_p,
+            attention_mask=mask_p,
+            position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         first = out.logits[:, -1][which]  # predicts each response's first token
         cache.reorder_cache(which)  # one copy of the prompt's states per response (differentiable)
         ids_r = torch.full((len(streams), width), self.chat.pad_id, dtype=torch.long)
@@ -104,8 +117,13 @@ class Learner:
         positions = prompt_len[:, None] + torch.arange(width)[None, :]
         logits = first[:, None]  # [B, width, V]: position j predicts response token j
         if width > 1:
-            rest = model(input_ids=ids_r[:, :-1], attention_mask=torch.cat([mask_p[which], mask_r[:, :-1]], dim=1),
-                                   position_ids=positions[:, :-1], cache=cache, use_cache=True).logits
+            rest = model(
+                input_ids=ids_r[:, :-1],
+                attention_mask=torch.cat([mask_p[which], mask_r[:, :-1]], dim=1),
+                position_ids=positions[:, :-1],
+                cache=cache,
+                use_cache=True,
+            ).logits
             logits = torch.cat([logits, rest], dim=1)
         logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         logp = logp_all.gather(-1, ids_r[:, :, None]).squeeze(-1) * mask_r
@@ -120,8 +138,11 @@ class Learner:
     # ---- one update ------------------------------------------------------------------------------
     def trainable(self, episodes: Sequence[Episode]) -> list[Episode]:
         return [
-            e for e in episodes
-            if e.status in self.config.train_on and self.role in e.streams and e.streams[self.role].reward is not None
+            e
+            for e in episodes
+            if e.status in self.config.train_on
+            and self.role in e.streams
+            and e.streams[self.role].reward is not None
             and e.streams[self.role].num_sampled_tokens > 0
         ]
 
@@ -153,9 +174,18 @@ class Learner:
                     with torch.no_grad():
                         ref_logp, _, _ = self.score(chunk, use_adapter=False)
                 loss, stats = policy_loss(
-                    new_logp, old_logp, advantages[batch], mask, ref_logp, entropy,
-                    self.config.eps_low, self.config.eps_high, self.config.kl_coef, self.config.entropy_coef,
-                    self.config.aggregation, max_tokens,
+                    new_logp,
+                    old_logp,
+                    advantages[batch],
+                    mask,
+                    ref_logp,
+                    entropy,
+                    self.config.eps_low,
+                    self.config.eps_high,
+                    self.config.kl_coef,
+                    self.config.entropy_coef,
+                    self.config.aggregation,
+                    max_tokens,
                 )
                 # Each micro-batch's loss is its own mean; weight it by its share of the batch-level
                 # normalizer so the accumulated gradient equals the full-batch one.

@@ -85,7 +85,9 @@ def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(diff) - diff - 1.0
 
 
-def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, how: Aggregation = "seq_mean_token_mean", max_tokens: int | None = None) -> torch.Tensor:
+def aggregate(
+    token_loss: torch.Tensor, mask: torch.Tensor, how: Aggregation = "seq_mean_token_mean", max_tokens: int | None = None
+) -> torch.Tensor:
     """Reduce per-token losses [B, T] under a 0/1 mask to one scalar.
 
     seq_mean_token_mean: (1/B) sum_i (1/|o_i|) sum_t L_it        (GRPO as published)

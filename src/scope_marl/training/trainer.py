@@ -55,8 +55,10 @@ class Evaluator(Protocol):
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, evaluator: Evaluator | None = None):
         if cfg.eval.every and evaluator is None:
-            raise ValueError("eval.every is set but no evaluator was given: start runs with scope_marl.experiment.start "
-                             "or .resume (they wire in the evaluation panel), or set eval.every: 0")
+            raise ValueError(
+                "eval.every is set but no evaluator was given: start runs with scope_marl.experiment.start "
+                "or .resume (they wire in the evaluation panel), or set eval.every: 0"
+            )
         self.evaluator = evaluator
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -138,8 +140,13 @@ class Trainer:
         self.recorder.write_batch(episodes)
         self.step += 1
         summary = summarize(episodes, rollout_s, 0, self.engine.simulator)
-        record: dict = {"step": self.step, "rollout_s": rollout_s, "episodes": len(episodes), "status": summary["status"],
-                        "generated_tokens": sum(s.num_sampled_tokens for e in episodes for s in e.streams.values())}
+        record: dict = {
+            "step": self.step,
+            "rollout_s": rollout_s,
+            "episodes": len(episodes),
+            "status": summary["status"],
+            "generated_tokens": sum(s.num_sampled_tokens for e in episodes for s in e.streams.values()),
+        }
         for role, stats in summary["rewards"].items():
             record[f"reward_{role}"] = {"mean": stats["mean"], "std": stats["std"]}
         if self.member is not None and "reward_agent" in record:
@@ -220,11 +227,22 @@ class Trainer:
 
     def save(self) -> Path:
         adapters = self._saved_adapters()
-        state = {"cursor": self.cursor, "best": self.best, "pool": str(self.run_dir / run_layout.POOL) if self.pool else None,
-                 "member_rewards": self.member_rewards}
-        path = checkpoint.save(self.run_dir, self.step, self.chat, adapters,
-                               {role: learner.optimizer for role, learner in self.learners.items()}, state, self.engine.state_dict(),
-                               weights={ADAPTERS[AGENT]: self.agent_chat} if self.full else None)
+        state = {
+            "cursor": self.cursor,
+            "best": self.best,
+            "pool": str(self.run_dir / run_layout.POOL) if self.pool else None,
+            "member_rewards": self.member_rewards,
+        }
+        path = checkpoint.save(
+            self.run_dir,
+            self.step,
+            self.chat,
+            adapters,
+            {role: learner.optimizer for role, learner in self.learners.items()},
+            state,
+            self.engine.state_dict(),
+            weights={ADAPTERS[AGENT]: self.agent_chat} if self.full else None,
+        )
         checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]).name if self.best else None)
         return path
 

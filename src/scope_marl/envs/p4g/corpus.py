@@ -109,8 +109,11 @@ def read_participants(corpus_dir: str | os.PathLike, file: str = "full_info.csv"
             survey[key[: -len(SURVEY_SUFFIX)]] = number if number is not None else value.strip()
         turns = _number(row.get("B7"))
         out.setdefault(row["B2"], {})[ROLE_OF[row["B4"]]] = Participant(
-            user_id=row["B3"], role=ROLE_OF[row["B4"]], donation=_number(row.get("B6")),
-            turns=int(turns) if turns is not None else None, survey=survey,
+            user_id=row["B3"],
+            role=ROLE_OF[row["B4"]],
+            donation=_number(row.get("B6")),
+            turns=int(turns) if turns is not None else None,
+            survey=survey,
         )
     return out
 

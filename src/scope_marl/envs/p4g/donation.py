@@ -48,16 +48,37 @@ def _rx(*parts: str) -> re.Pattern[str]:
 # ============================================================================================
 
 _UNITS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,
-    "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19,
+    "zero": 0,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "thirteen": 13,
+    "fourteen": 14,
+    "fifteen": 15,
+    "sixteen": 16,
+    "seventeen": 17,
+    "eighteen": 18,
+    "nineteen": 19,
 }
-_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
-         "eighty": 80, "ninety": 90}
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
 # A number in words: "fifty", "twenty five", "twenty-five", "a hundred", "one".
 _WORD_NUMBER = (
-    r"(?:(?:a|one)\s+hundred|(?:" + "|".join(_TENS) + r")(?:[\s-]+(?:" + "|".join(_UNITS) + r"))?|"
-    + "|".join(sorted(_UNITS, key=len, reverse=True)) + ")"
+    r"(?:(?:a|one)\s+hundred|(?:"
+    + "|".join(_TENS)
+    + r")(?:[\s-]+(?:"
+    + "|".join(_UNITS)
+    + r"))?|"
+    + "|".join(sorted(_UNITS, key=len, reverse=True))
+    + ")"
 )
 # A number in digits: "2", "0.50", ".5", "1,000".
 _DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
@@ -80,7 +101,6 @@ _TAG = _rx(r"\[\s*(?:donate|give)\s*:?\s*\$?\s*(\d+(?:\.\d*)?|\.\d+)\s*\]")
 def has_donation_tag(text: str) -> bool:
     """Whether a message states its decision in the ``[DONATE $N]`` / ``[GIVE $N]`` format ($0 included)."""
     return _TAG.search(text) is not None
-
 
 
 @dataclass(frozen=True)
@@ -110,7 +130,7 @@ def _digits(text: str) -> float:
 
 
 def _cents(text: str) -> float:
-    """"50 cents" is $0.50. A decimal below 1 with "cents" ("0.30 cents", ".05 cents") is how people
+    """ "50 cents" is $0.50. A decimal below 1 with "cents" ("0.30 cents", ".05 cents") is how people
     write dollars here, and how the corpus annotators read it in all but one case."""
     x = _digits(text)
     return x if "." in text and x < 1 else x / 100
@@ -122,29 +142,47 @@ Value = Callable[[re.Match[str]], float]
 # so "half a dollar" is 0.5 (not half the payment, then a dollar) and "the whole $2" is one mention.
 _PATTERNS: list[tuple[re.Pattern[str], Value, str]] = [
     # Fractions of a dollar, not of the payment: "half a dollar", "a dollar and a half".
-    (_rx(r"\bhalf\s+(?:of\s+)?(?:a|one|1)\s+dollars?\b|\b(?:a\s+)?half[\s-]+(?:a\s+)?dollar\b"),
-     lambda m: 0.5, "money"),
-    (_rx(r"\b(?:a|one|1)\s+dollar\s+and\s+(?:a\s+)?half\b|\b(?:one|1)\s+and\s+a\s+half\s+dollars?\b"),
-     lambda m: 1.5, "money"),
+    (_rx(r"\bhalf\s+(?:of\s+)?(?:a|one|1)\s+dollars?\b|\b(?:a\s+)?half[\s-]+(?:a\s+)?dollar\b"), lambda m: 0.5, "money"),
+    (_rx(r"\b(?:a|one|1)\s+dollar\s+and\s+(?:a\s+)?half\b|\b(?:one|1)\s+and\s+a\s+half\s+dollars?\b"), lambda m: 1.5, "money"),
     # The whole payment: "all of it", "all (of) my payment", "all $2", "give it all", "the whole
     # $2", "my entire bonus", "everything". A bare "all" ("that is all I can") is not one.
-    (_rx(r"\ball\s+(?:of\s+)?(?:it|that|this)\b",
-         r"|\ball\s+(?:of\s+)?(?:my|the|your|our)\s+(?:", _TWO_DOLLARS, r"\s+)?(?:(?:task|hit|mturk)\s+)?",
-         _PAYMENT_NOUN, r"\b",
-         r"|\ball\s+(?:of\s+)?(?:the\s+)?", _TWO_DOLLARS, r"\b",
-         r"|\bit\s+all\b",
-         r"|\b(?:the|my)\s+(?:whole|entire|full)\s+(?:", _TWO_DOLLARS, r"\s*)?(?:(?:task|hit)\s+)?",
-         r"(?:", _PAYMENT_NOUN, r"|thing|lot)?\b(?<!\s)",
-         r"|\beverything\b"),
-     lambda m: PAYMENT, "fraction"),
+    (
+        _rx(
+            r"\ball\s+(?:of\s+)?(?:it|that|this)\b",
+            r"|\ball\s+(?:of\s+)?(?:my|the|your|our)\s+(?:",
+            _TWO_DOLLARS,
+            r"\s+)?(?:(?:task|hit|mturk)\s+)?",
+            _PAYMENT_NOUN,
+            r"\b",
+            r"|\ball\s+(?:of\s+)?(?:the\s+)?",
+            _TWO_DOLLARS,
+            r"\b",
+            r"|\bit\s+all\b",
+            r"|\b(?:the|my)\s+(?:whole|entire|full)\s+(?:",
+            _TWO_DOLLARS,
+            r"\s*)?(?:(?:task|hit)\s+)?",
+            r"(?:",
+            _PAYMENT_NOUN,
+            r"|thing|lot)?\b(?<!\s)",
+            r"|\beverything\b",
+        ),
+        lambda m: PAYMENT,
+        "fraction",
+    ),
     # Half or a quarter of the payment: "half", "1/2", "half of it", "half my payment".
-    (_rx(r"(?:\bhalf\b|(?<![\d/])1/2(?![\d/]))",
-         r"(?:\s+(?:of\s+)?(?:it|that|this|(?:my|the|your|our)\s+(?:(?:task|hit)\s+)?", _PAYMENT_NOUN, r"))?"),
-     lambda m: PAYMENT / 2, "fraction"),
+    (
+        _rx(
+            r"(?:\bhalf\b|(?<![\d/])1/2(?![\d/]))",
+            r"(?:\s+(?:of\s+)?(?:it|that|this|(?:my|the|your|our)\s+(?:(?:task|hit)\s+)?",
+            _PAYMENT_NOUN,
+            r"))?",
+        ),
+        lambda m: PAYMENT / 2,
+        "fraction",
+    ),
     (_rx(r"\ba\s+quarter\s+of\s+(?:it|that|this|(?:my|the|your|our)\s+\w+)"), lambda m: PAYMENT / 4, "fraction"),
     # A percentage given is a share of the payment: "I could do 10%".
-    (_rx(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s*(?:%|percent\b)"),
-     lambda m: PAYMENT * _digits(m.group(1)) / 100, "fraction"),
+    (_rx(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s*(?:%|percent\b)"), lambda m: PAYMENT * _digits(m.group(1)) / 100, "fraction"),
     # Nothing, as an amount: "I'll give nothing", "not a penny".
     (_rx(r"\b(?:nothing|not\s+(?:a|one)\s+(?:penny|cent|dime|dollar))\b"), lambda m: 0.0, "money"),
     # A currency sign before or after digits: "$0.50", "$ 1", "$.50", "2$", "1.00$".
@@ -154,8 +192,11 @@ _PATTERNS: list[tuple[re.Pattern[str], Value, str]] = [
     (_rx(r"(?<![\w.])(", _DIGITS, r")\s*", _DOLLARS, r"\b"), lambda m: _digits(m.group(1)), "money"),
     (_rx(r"(?<![\w.])(", _DIGITS, r")\s*", _CENTS, r"(?!\w)"), lambda m: _cents(m.group(1)), "money"),
     # Words with a unit: "one dollar", "a dollar", "one whole dollar", "fifty cents", "a penny".
-    (_rx(r"\b(", _WORD_NUMBER, r"|a)\s+(?:whole\s+|full\s+|single\s+)?", _DOLLARS, r"\b"),
-     lambda m: 1.0 if m.group(1).lower() == "a" else _word_number(m.group(1)), "money"),
+    (
+        _rx(r"\b(", _WORD_NUMBER, r"|a)\s+(?:whole\s+|full\s+|single\s+)?", _DOLLARS, r"\b"),
+        lambda m: 1.0 if m.group(1).lower() == "a" else _word_number(m.group(1)),
+        "money",
+    ),
     (_rx(r"\b(", _WORD_NUMBER, r")\s+", _CENTS, r"\b"), lambda m: _word_number(m.group(1)) / 100, "money"),
     (_rx(r"\b(?:a|one|single|my|your|the|that)\s+(?:penny|cent)\b"), lambda m: 0.01, "money"),
     (_rx(r"\ba\s+dime\b"), lambda m: 0.10, "money"),
@@ -191,7 +232,9 @@ _SENTENCE_END = _rx(r"[!?;\n]+|\.+(?!\d)")
 _CONJUNCTIONS = "but|however|although|though|because|cause|since|except|whereas|otherwise"
 _CLAUSE_BREAK = _rx(
     r",(?!\d)|\s[-–—]+|[-–—]+\s|(?<=\d)[-–—](?=[a-z])|:|\(|\)",
-    r"|\b(?:", _CONJUNCTIONS, r")\b",
+    r"|\b(?:",
+    _CONJUNCTIONS,
+    r")\b",
     r"|\b(?:and|so|or|then)\b(?=\s+(?:i|i'll|ill|i'd|i'm|im|i've|we|we'll|let's|lets|it's|that's|you)\b)",
 )
 # What opened a clause (punctuation, a conjunction), skipped so the clause starts at its words.
@@ -211,7 +254,7 @@ class Clause:
     asks: bool  # the clause ends a sentence that ends with "?"
 
     def text(self, full: str) -> str:
-        return full[self.start:self.end]
+        return full[self.start : self.end]
 
 
 def _clauses(text: str) -> list[Clause]:
@@ -242,13 +285,18 @@ def _sentence_start(text: str, pos: int) -> int:
 # ============================================================================================
 
 _I = r"(?:i|we|ill|im|id)"  # "ill", "im", "id": "I'll", "I'm", "I'd" typed without apostrophes
-_ADVERB = (r"(?:(?:also|really|definitely|probably|still|just|only|actually|surely|certainly|then|too|now|"
-           r"totally|happily|gladly|think|guess)\s+)?")
+_ADVERB = (
+    r"(?:(?:also|really|definitely|probably|still|just|only|actually|surely|certainly|then|too|now|"
+    r"totally|happily|gladly|think|guess)\s+)?"
+)
 # Intent: "I'll", "I would like to", "we can", "I'm willing to", "I've decided", "I promised",
 # "I was thinking", "let's", "put me down for", "you can have". Plain present or past ("I donate",
 # "I donated") is habit or history, not a commitment, and is left out on purpose.
 _INTENT = _rx(
-    r"\b", _I, r"\s*", _ADVERB,
+    r"\b",
+    _I,
+    r"\s*",
+    _ADVERB,
     r"(?:'ll|'l|'d|will|would|shall|can|could|may|might|should|must|am|'m|want|wanna|wish|plan|intend|hope|",
     r"decided?|choose|chose|agree|pledge|promised?|guess|think|feel\s+like|prefer|confirm|offer|commit|opt|refuse|",
     r"like\s+to|love\s+to|accept|(?:was|were)\s+thinking|(?:'ve|have)\s+(?:decided|promised|chosen|pledged|agreed))\b",
@@ -323,8 +371,9 @@ _PAST = _rx(
 _SIMPLE_PAST = _rx(r"\b(?:donated|gave)\b")
 _FUTURE = _rx(r"\b(?:will|'ll|would|'d|going\s+to|gonna|want|plan)\b")
 # Words that negate what follows...
-_NEGATOR = _rx(r"n't\b|\b(?:not|no|never|nor|neither|wont|cant|cannot|dont|didnt|wouldnt|couldnt|isnt|aint|",
-               r"refuse|refusing|decline|declining)\b")
+_NEGATOR = _rx(
+    r"n't\b|\b(?:not|no|never|nor|neither|wont|cant|cannot|dont|didnt|wouldnt|couldnt|isnt|aint|", r"refuse|refusing|decline|declining)\b"
+)
 # ...except in phrases that do not deny the gift: hedges ("not sure", "don't mind") and idioms.
 _NOT_A_DENIAL = _rx(
     r"\bnot\s+(?:sure|certain|much|a\s+lot|that\s+much|only|bad|a\s+problem)\b",
@@ -395,7 +444,7 @@ def _describes_payment(left: str, right: str) -> bool:
 def _read_mention(text: str, clause: Clause, mention: Mention, mentions: list[Mention]) -> float | None:
     """The dollars this mention commits the speaker to (0.0 when denied), or None for no commitment."""
     words = clause.text(text)
-    left, right = text[clause.start:mention.start], text[mention.end:clause.end]
+    left, right = text[clause.start : mention.start], text[mention.end : clause.end]
     neighbours = [m for m in mentions if clause.start <= m.start < clause.end]
     spans = [(m.start - clause.start, m.end - clause.start) for m in neighbours]
     bare_answer = _only_fillers(_blank(words, spans))  # "Maybe 0.50?", "Yes, $1 please"
@@ -409,7 +458,7 @@ def _read_mention(text: str, clause: Clause, mention: Mention, mentions: list[Me
         return None
     if _CONDITION.search(left) or _is_past(left):
         return None
-    if _COUNTERFACTUAL.search(text[_sentence_start(text, mention.start):mention.start]) or _WISH.search(left):
+    if _COUNTERFACTUAL.search(text[_sentence_start(text, mention.start) : mention.start]) or _WISH.search(left):
         return None
     if _COUNTERFACTUAL_AFTER.match(text, mention.end):
         return None
@@ -441,23 +490,33 @@ def _read_mention(text: str, clause: Clause, mention: Mention, mentions: list[Me
 # Refusals without an amount
 # ============================================================================================
 
-_GIVE = (r"(?:donat(?:e|es|ing|ion|ions)|giv(?:e|es|ing)|contribut\w*|spare|part\s+with|pay|pledge|help\s+out|"
-         r"do\s+(?:that|it|so))")
+_GIVE = (
+    r"(?:donat(?:e|es|ing|ion|ions)|giv(?:e|es|ing)|contribut\w*|spare|part\s+with|pay|pledge|help\s+out|"
+    r"do\s+(?:that|it|so))"
+)
 _OTHER_SUBJECT = r"(?:you|they|he|she|people|others|anyone|everyone|somebody|someone)"
 # "I won't donate", "I don't want to give", "I'm not giving any money", "I can't afford to donate",
 # "I am not willing to do that", "no thanks", "I'll keep it", "I'll pass". Not refusals: "I can't
 # donate more", "I don't mind giving", "I don't usually donate" (habit), "I do not see you donating",
 # "I can not donate until the end".
 _REFUSAL = _rx(
-    r"\b", _I, r"\s*(?:(?:do|will|would|can|could|am|'m|shall|should)\s*(?:not|n't)|won'?t|can'?t|cannot|don'?t|",
+    r"\b",
+    _I,
+    r"\s*(?:(?:do|will|would|can|could|am|'m|shall|should)\s*(?:not|n't)|won'?t|can'?t|cannot|don'?t|",
     r"'m\s+not|am\s+not|'d\s+rather\s+not|would\s+rather\s+not|prefer\s+not|'ll\s+not|will\s+not|'m\s+unable|",
     r"am\s+unable)\s+",
     r"(?!(?:mind|hesitate|wait|help|usually|normally|typically|often|always|ever|generally|regularly|know)\b)",
-    r"(?:(?!", _OTHER_SUBJECT, r"\b)\w+\s+){0,4}?", _GIVE, r"\b",
+    r"(?:(?!",
+    _OTHER_SUBJECT,
+    r"\b)\w+\s+){0,4}?",
+    _GIVE,
+    r"\b",
     r"(?!\s+(?:more|much|half|a\s+lot|that\s+much|as\s+much|too\s+much|all|everything|the\s+(?:whole|full|entire)|",
     r"any\s*more|over|above|other|to\s+(?:other|another|those|them)|twice|again|another|until|till|before)\b)",
     r"|\bno,?\s+thanks?\b|\bno\s+thank\s+you\b|\bno\s+way\s+(?:i|i'm|i'll|am\s+i|will\s+i|would\s+i)\b",
-    r"|\b", _I, r"\s*(?:can'?t|cannot|can\s+not|couldn'?t)\s+(?:really\s+)?afford\s+(?:it|that|this)\b",
+    r"|\b",
+    _I,
+    r"\s*(?:can'?t|cannot|can\s+not|couldn'?t)\s+(?:really\s+)?afford\s+(?:it|that|this)\b",
     r"|\b(?:i'll|i\s+will|ill|i'd\s+rather|i\s+would\s+rather|i'm\s+going\s+to|i\s+am\s+going\s+to|i'm\s+gonna|",
     r"i\s+want\s+to|i'd\s+like\s+to|i\s+would\s+like\s+to|i\s+have\s+to|i\s+need\s+to)\s+(?:just\s+)?keep\s+",
     r"(?!(?:the\s+)?(?:other|rest|remainder|remaining|change|difference)\b)(?:it|my|the|all|everything)\b",
@@ -468,9 +527,7 @@ _REFUSAL = _rx(
 
 # A refusal with the verb left out: "I'd love to give $2 but I can't." Not when what is refused is
 # more than was given: "I'll give $1. I wish I could give more, but I can't."
-_ELLIPTICAL_REFUSAL = _rx(
-    r"\b", _I, r"\s*(?:just\s+|really\s+)?(?:can'?t|cannot|can\s+not|won'?t|will\s+not|couldn'?t)\s*(?:[.!,;]|$)"
-)
+_ELLIPTICAL_REFUSAL = _rx(r"\b", _I, r"\s*(?:just\s+|really\s+)?(?:can'?t|cannot|can\s+not|won'?t|will\s+not|couldn'?t)\s*(?:[.!,;]|$)")
 _MORE = _rx(r"\b(?:more|much|else|extra|higher|bigger|larger)\b")
 
 
@@ -478,11 +535,11 @@ def _refusals(text: str) -> list[int]:
     """Where the text refuses to give (positions): each reads as a $0 commitment there."""
     found = []
     for m in _REFUSAL.finditer(text):
-        before = re.split(r"[,.;!?]", text[max(0, m.start() - 40):m.start()])[-1]
+        before = re.split(r"[,.;!?]", text[max(0, m.start() - 40) : m.start()])[-1]
         if not (_CONDITION.search(before) or _PAST.search(m.group())):
             found.append(m.start())
     for m in _ELLIPTICAL_REFUSAL.finditer(text):
-        if not _MORE.search(text[max(0, m.start() - 80):m.start()]):
+        if not _MORE.search(text[max(0, m.start() - 80) : m.start()]):
             found.append(m.start())
     return sorted(found)
 
@@ -528,9 +585,7 @@ _REQUEST = _rx(
     r"|\b(?:could|would|can|will)\s+you\b|\b(?:let's|how\s+about|what\s+about|please|why\s+not)\b",
 )
 # The persuader's own giving: "I'm going to match your .50 and donate $1".
-_OWN_GIVING = _rx(
-    r"\b(?:i|i'm|i'll|i've|i'd|we|we'll)\s+(?:(?!you\b)\w+\s+){0,3}?(?:donat\w*|gave|give|giving|match)\b"
-)
+_OWN_GIVING = _rx(r"\b(?:i|i'm|i'll|i've|i'd|we|we'll)\s+(?:(?!you\b)\w+\s+){0,3}?(?:donat\w*|gave|give|giving|match)\b")
 
 
 def _own_giving(before: str) -> bool:
@@ -539,7 +594,7 @@ def _own_giving(before: str) -> bool:
     own = None
     for own in _OWN_GIVING.finditer(before):  # noqa: B007 (the last match is wanted)
         pass
-    return own is not None and not re.search(r"\byou\b", before[own.end():], re.I)
+    return own is not None and not re.search(r"\byou\b", before[own.end() :], re.I)
 
 
 # One end of a range describing the choice: "from $0 to all your payment", "some or all of it".
@@ -566,8 +621,8 @@ def proposed_amount(text: str) -> float | None:
         end = next((m.end() for m in _SENTENCE_END.finditer(text, clause.end)), len(text))
         inside = [m for m in mentions if clause.start <= m.start < clause.end]
         for mention in inside:
-            left, right = text[clause.start:mention.start], text[mention.end:clause.end]
-            before = text[start:mention.start]
+            left, right = text[clause.start : mention.start], text[mention.end : clause.end]
+            before = text[start : mention.start]
             if _describes_payment(left, right) or _is_past(before) or _own_giving(before):
                 continue
             if _RANGE_START.search(before) or _RANGE_END.search(before) or _RANGE_NEXT.match(right):
@@ -583,7 +638,9 @@ def proposed_amount(text: str) -> float | None:
 _ACCEPTANCE = _rx(
     r"^\W*(?:yes|yeah|yep|yup|sure|ok|okay|alright|all\s+right|fine|deal|of\s+course|absolutely|definitely|",
     r"certainly|agreed|sounds\s+good|that\s+works|why\s+not)\b",
-    r"|\b", _I, r"\s*(?:'ll|will|can|could|would|'d|am\s+willing\s+to|'m\s+willing\s+to)\s+",
+    r"|\b",
+    _I,
+    r"\s*(?:'ll|will|can|could|would|'d|am\s+willing\s+to|'m\s+willing\s+to)\s+",
     r"(?:be\s+(?:happy|glad)\s+to\s+|like\s+to\s+)?(?:do|donate|give|go\s+with|contribute|pay)\s+(?:that|it|this|so)\b",
     r"|\b(?:that|it|this)\s+(?:works|sounds\s+(?:good|fine|great|ok|okay)|is\s+(?:fine|ok|okay|good)|",
     r"(?:would|will)\s+be\s+(?:fine|ok|okay|good|great))\b",

@@ -78,19 +78,21 @@ class PersuasionForGood(Environment):
         for did, people in read_participants(corpus).items():
             if AGENT not in people or USER not in people:
                 continue
-            tasks.append(Task(
-                task_id=did,
-                data={
-                    "source": "corpus",
-                    "persuader": people[AGENT].survey,
-                    "persuadee": people[USER].survey,
-                    "human": {
-                        "persuadee_donation": people[USER].donation or 0.0,
-                        "persuader_donation": people[AGENT].donation or 0.0,
-                        "turns": people[USER].turns,
+            tasks.append(
+                Task(
+                    task_id=did,
+                    data={
+                        "source": "corpus",
+                        "persuader": people[AGENT].survey,
+                        "persuadee": people[USER].survey,
+                        "human": {
+                            "persuadee_donation": people[USER].donation or 0.0,
+                            "persuader_donation": people[AGENT].donation or 0.0,
+                            "turns": people[USER].turns,
+                        },
                     },
-                },
-            ))
+                )
+            )
         return tasks
 
     @staticmethod
@@ -129,8 +131,11 @@ class PersuasionForGood(Environment):
             "name": self.name,
             "source": self.source,
             "corpus_dir": self.corpus_dir,
-            "split": {"method": "sha256(dialogue id), stratified by persuadee donated", "fractions": self.split_fractions,
-                      "sizes": {name: len(ts) for name, ts in self._splits.items()}},
+            "split": {
+                "method": "sha256(dialogue id), stratified by persuadee donated",
+                "fractions": self.split_fractions,
+                "sizes": {name: len(ts) for name, ts in self._splits.items()},
+            },
             "max_exchanges": self.max_exchanges,
             "termination": self.termination,
             "simulator_reward": self.simulator_reward,

@@ -20,10 +20,34 @@ MARGINALS_FILE = Path(__file__).with_name("persona_marginals.json")
 # Big-Five on a 1-5 scale: one phrase per level, lowest to highest.
 BIG_FIVE = {
     "extrovert": ["very reserved", "somewhat reserved", "neither outgoing nor reserved", "fairly outgoing", "very outgoing and talkative"],
-    "agreeable": ["quite critical of others", "somewhat critical of others", "moderately agreeable", "fairly agreeable", "very agreeable and trusting"],
-    "conscientious": ["disorganized", "somewhat careless", "moderately organized", "fairly organized and dependable", "very organized and dependable"],
-    "neurotic": ["rarely anxious, emotionally calm", "not very anxious", "sometimes anxious", "often anxious", "very often anxious or moody"],
-    "open": ["conventional, not curious", "not very curious", "moderately open to new ideas", "fairly open to new ideas", "very curious and open to new ideas"],
+    "agreeable": [
+        "quite critical of others",
+        "somewhat critical of others",
+        "moderately agreeable",
+        "fairly agreeable",
+        "very agreeable and trusting",
+    ],
+    "conscientious": [
+        "disorganized",
+        "somewhat careless",
+        "moderately organized",
+        "fairly organized and dependable",
+        "very organized and dependable",
+    ],
+    "neurotic": [
+        "rarely anxious, emotionally calm",
+        "not very anxious",
+        "sometimes anxious",
+        "often anxious",
+        "very often anxious or moody",
+    ],
+    "open": [
+        "conventional, not curious",
+        "not very curious",
+        "moderately open to new ideas",
+        "fairly open to new ideas",
+        "very curious and open to new ideas",
+    ],
 }
 MORAL_FOUNDATIONS = {
     "care": "caring for people who suffer",

@@ -36,11 +36,20 @@ def p4g_game(path: str | Path = FITTED) -> Game:
         reply=reply,
         turns=int(fit["turns"]),
         terminal=torch.zeros(len(acts), dtype=torch.bool),
-        outcome=Outcome(intercept=float(outcome["intercept"]), any_act=torch.tensor([outcome["any_act"][a] for a in acts]),
-                        last_act=torch.zeros(len(acts))),
+        outcome=Outcome(
+            intercept=float(outcome["intercept"]),
+            any_act=torch.tensor([outcome["any_act"][a] for a in acts]),
+            last_act=torch.zeros(len(acts)),
+        ),
         vs_k=5,  # the paper's k; seven acts leave a listing of five a real choice
-        notes={"source": fit["source"], "personas": fit["personas"]["rule"], "reply_model": fit["reply"]["model"],
-               "beta": fit["reply"]["beta"], "outcome": outcome["model"], "outcome_target": outcome["target"],
-               "outcome_cv_r2": outcome["cv_r2"][str(outcome["ridge_lambda"])],
-               "reply_cv_ablation": fit["reply"]["cv_ablation_log_likelihood_per_turn"]},
+        notes={
+            "source": fit["source"],
+            "personas": fit["personas"]["rule"],
+            "reply_model": fit["reply"]["model"],
+            "beta": fit["reply"]["beta"],
+            "outcome": outcome["model"],
+            "outcome_target": outcome["target"],
+            "outcome_cv_r2": outcome["cv_r2"][str(outcome["ridge_lambda"])],
+            "reply_cv_ablation": fit["reply"]["cv_ablation_log_likelihood_per_turn"],
+        },
     )
