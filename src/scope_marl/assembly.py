@@ -66,21 +66,8 @@ def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
     if isinstance(cfg, VerbalizedConfig):
         from scope_marl.simulators.verbalized import VerbalizedSampling
 
-        return VerbalizedSampling(
-            model,
-            k=cfg.k,
-            method=cfg.method,
-            variant=cfg.variant,
-            tail_threshold=cfg.tail_threshold,
-            calls=cfg.calls,
-            sampling=cfg.sampling,
-            prompt_prefix=cfg.prompt_prefix,
-            adapter=cfg.adapter,
-            max_retries=cfg.max_retries,
-            constrained=cfg.constrained,
-            seed=cfg.seed,
-            simulator_id=cfg.id,
-        )
+        fields = "k method variant tail_threshold calls sampling prompt_prefix adapter max_retries constrained seed".split()
+        return VerbalizedSampling(model, simulator_id=cfg.id, **{name: getattr(cfg, name) for name in fields})
     if isinstance(cfg, TrainableSimulatorConfig):
         return TrainableSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
     frozen = FrozenSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
