@@ -33,7 +33,8 @@ def co_training(make_tiny_model, tokenizer):
         env,
         Seat(model=chat, sampling=SAMPLING, adapter="agent", trainable=True),
         TrainableSimulator(chat, SAMPLING, adapter="simulator"),
-        RolloutConfig(progress=False, group_size=4, seed=0, on_turn_limit="continue"),
+        # A random model's simulator often says nothing; these tests are about the agent's stream.
+        RolloutConfig(progress=False, group_size=4, seed=0, on_turn_limit="continue", on_empty_reply="keep"),
     )
     episodes = engine.run(env.tasks())
     # The random tiny model never says the words, so give each group a spread of rewards to learn from.

@@ -24,6 +24,7 @@ def engine_for(chat, env=None, simulator=None, trainable_user=False, **config):
     if trainable_user and hasattr(simulator, "seat"):
         simulator.seat.trainable = True
     agent = Seat(model=chat, sampling=SAMPLING, trainable=True)
+    config.setdefault("on_empty_reply", "keep")  # a random model's silent turns are not what these tests are about
     return RolloutEngine(env, agent, simulator, RolloutConfig(progress=False, **config))
 
 
@@ -171,7 +172,7 @@ def test_continue_on_turn_limit_keeps_playing_and_streams_stay_on_policy(talky_c
         env,
         Seat(model=talky_chat, sampling=short, trainable=True),
         simulator,
-        RolloutConfig(progress=False, group_size=2, on_turn_limit="continue"),
+        RolloutConfig(progress=False, group_size=2, on_turn_limit="continue", on_empty_reply="keep"),
     )
     episodes = engine.run(env.tasks())
     assert all(e.status == EpisodeStatus.COMPLETED for e in episodes)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from scope_marl.backends import SPEC_FORMS, BackendError, SamplingParams, load_backend
+from scope_marl.backends import SPEC_FORMS, SamplingParams, load_backend
 from scope_marl.core.types import Message
 
 app = typer.Typer(
@@ -22,9 +24,13 @@ app = typer.Typer(
 console = Console()
 
 
+DEBUG = {"on": False}
+
+
 @app.callback()
-def main() -> None:
+def main(debug: bool = typer.Option(False, "--debug", help="on an error, show the full traceback too")) -> None:
     """SCOPE-MARL command line. Run `scope COMMAND --help` for each command's options and an example."""
+    DEBUG["on"] = debug
 
 
 def fail(message: str) -> None:
@@ -32,7 +38,31 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+# Errors a user can fix: their message names the file, the field and the fix, and is all they see.
+USER_ERRORS = (ValueError, OSError, RuntimeError, KeyError)
+
+
+def guarded(command):
+    """Every command's errors as a few lines; the traceback only with ``scope --debug COMMAND``."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise
+        except Exception as err:
+            if DEBUG["on"]:
+                raise
+            if isinstance(err, USER_ERRORS):
+                fail(str(err).strip("'\"") if isinstance(err, KeyError) else str(err))
+            fail(f"{type(err).__name__}: {err} (unexpected; rerun as scope --debug ... for the traceback)")
+
+    return run
+
+
 @app.command()
+@guarded
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="the user message"),
     model: str = typer.Option("embedded", "--model", "-m", help=f"model spec: {SPEC_FORMS}"),
@@ -48,13 +78,10 @@ def generate(
     Example: scope generate --prompt "Would you donate $1 to Save the Children?" --n 3
     """
     started = time.perf_counter()
-    try:
-        chat = load_backend(model)
-        messages = [Message(role="system", content=system), Message(role="user", content=prompt)]
-        sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
-        outs = chat.generate([messages] * n, sampling)
-    except BackendError as err:
-        fail(str(err))
+    chat = load_backend(model)
+    messages = [Message(role="system", content=system), Message(role="user", content=prompt)]
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    outs = chat.generate([messages] * n, sampling)
     table = Table(title=f"{chat.name}: {n} repl{'y' if n == 1 else 'ies'} in {time.perf_counter() - started:.1f}s")
     table.add_column("#", justify="right")
     table.add_column("reply")
@@ -67,6 +94,7 @@ def generate(
 
 
 @app.command()
+@guarded
 def rollout(
     config: Path = typer.Argument(..., help="YAML config (schema: scope_marl.config.RolloutRunConfig)"),
     out: Path = typer.Option(..., "--out", "-o", help="output directory; existing batches are kept, new ones numbered after them"),
@@ -77,18 +105,15 @@ def rollout(
     Example: scope rollout configs/rollout_say_the_word.yaml --out runs/rollout --simulator "vs(k=3):embedded"
     """
     from scope_marl.assembly import build_rollout
-    from scope_marl.config import ConfigError, dump_config, load_config, parse_simulator_spec
+    from scope_marl.config import dump_config, load_config, parse_simulator_spec
     from scope_marl.rollout import RolloutRecorder, summarize
 
-    try:
-        cfg = load_config(config)
-        if simulator:
-            cfg.simulator = parse_simulator_spec(simulator)
-        engine = build_rollout(cfg)
-        tasks = engine.env.tasks(cfg.split)[: cfg.num_tasks]
-    except (ConfigError, BackendError, ValueError) as err:
-        fail(str(err))
-    recorder = RolloutRecorder(out)
+    cfg = load_config(config)
+    if simulator:
+        cfg.simulator = parse_simulator_spec(simulator)
+    recorder = RolloutRecorder(out)  # a bad --out fails before any model loads
+    engine = build_rollout(cfg)
+    tasks = engine.env.tasks(cfg.split)[: cfg.num_tasks]
     dump_config(cfg, out / "config.yaml")
     episodes = engine.run(tasks)
     path = recorder.write_batch(episodes)
@@ -115,6 +140,7 @@ def rollout(
 
 
 @app.command()
+@guarded
 def train(
     config: Path = typer.Argument(None, help="YAML config (schema: scope_marl.config.TrainConfig); omit with --resume"),
     out: Path = typer.Option(None, "--out", "-o", help="run directory: config.yaml, metrics.jsonl, rollouts/, checkpoints/"),
@@ -124,19 +150,16 @@ def train(
 
     Example: scope train configs/train_p4g_frozen.yaml --out runs/frozen   (then: scope train --resume runs/frozen)
     """
-    from scope_marl.config import ConfigError, TrainConfig, load_config
+    from scope_marl.config import TrainConfig, load_config
     from scope_marl.experiment import resume as resume_run
     from scope_marl.experiment import start
 
-    try:
-        if resume is not None:
-            trainer = resume_run(resume)
-        elif config is None or out is None:
-            fail("give a CONFIG and --out RUN_DIR, or --resume RUN_DIR")
-        else:
-            trainer = start(load_config(config, TrainConfig), out)
-    except (ConfigError, BackendError, FileNotFoundError, FileExistsError, ValueError) as err:
-        fail(str(err))
+    if resume is not None:
+        trainer = resume_run(resume, log=lambda m: console.print(escape(m), soft_wrap=True))
+    elif config is None or out is None:
+        fail("give a CONFIG and --out RUN_DIR, or --resume RUN_DIR")
+    else:
+        trainer = start(load_config(config, TrainConfig), out)
     records = trainer.run()
     last = records[-1] if records else {}
     console.print(
@@ -147,6 +170,7 @@ def train(
 
 
 @app.command()
+@guarded
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="report directory"),
     steps: int = typer.Option(3, min=1, help="training steps per arm"),
@@ -158,10 +182,7 @@ def demo(
     from scope_marl.demo import run_demo
 
     started = time.perf_counter()
-    try:
-        report = run_demo(out, steps=steps, log=lambda m: console.print(escape(m), soft_wrap=True))
-    except (BackendError, FileExistsError) as err:
-        fail(str(err))
+    report = run_demo(out, steps=steps, log=lambda m: console.print(escape(m), soft_wrap=True))
     console.print(report.read_text(), soft_wrap=True, markup=False)
     console.print(
         f"report: {report} (plots: {report.parent / 'collapse.png'}, {report.parent / 'heldout.png'}) "
@@ -171,6 +192,7 @@ def demo(
 
 
 @app.command("eval")
+@guarded
 def eval_command(
     checkpoint: str = typer.Option(
         ...,
@@ -191,27 +213,24 @@ def eval_command(
 
     Example: scope eval --checkpoint runs/frozen --panel offline --out runs/frozen/eval
     """
-    from scope_marl.config import ConfigError
     from scope_marl.evaluation.evaluate import evaluate_panel, load_agent, write_results
     from scope_marl.evaluation.panel import load_panel
 
-    try:
-        chosen = load_panel(panel)
-        overrides = {k: v for k, v in {"tasks_per_simulator": tasks, "samples_per_task": samples, "seed": seed}.items() if v is not None}
-        chosen = type(chosen).model_validate({**chosen.model_dump(), **overrides}).with_training(set(training))
-        unknown = set(training) - {s.id for s in chosen.simulators}
-        if unknown:
-            fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
-        agent = load_agent(checkpoint, model)
-        results = evaluate_panel(chosen, agent, log=lambda m: console.print(escape(m), soft_wrap=True))
-    except (ConfigError, BackendError, FileNotFoundError, ValueError) as err:
-        fail(str(err))
+    chosen = load_panel(panel)
+    overrides = {k: v for k, v in {"tasks_per_simulator": tasks, "samples_per_task": samples, "seed": seed}.items() if v is not None}
+    chosen = type(chosen).model_validate({**chosen.model_dump(), **overrides}).with_training(set(training))
+    unknown = set(training) - {s.id for s in chosen.simulators}
+    if unknown:
+        fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
+    agent = load_agent(checkpoint, model)
+    results = evaluate_panel(chosen, agent, log=lambda m: console.print(escape(m), soft_wrap=True))
     report = write_results(results, out)
     console.print(report.read_text(), soft_wrap=True, markup=False)
     console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
 
 
 @app.command()
+@guarded
 def report(
     run_dirs: list[Path] = typer.Argument(..., help="run directories (scope train) and / or scope eval output folders"),
     out: Path = typer.Option(..., "--out", "-o", help="writes collapse.png, heldout.png and report.md here"),
@@ -224,15 +243,13 @@ def report(
     """
     from scope_marl.evaluation.report import write_report
 
-    try:
-        path = write_report(run_dirs, out, title)
-    except FileNotFoundError as err:
-        fail(str(err))
+    path = write_report(run_dirs, out, title)
     console.print(path.read_text(), soft_wrap=True, markup=False)
     console.print(f"report: {path} (plots: {out / 'collapse.png'}, {out / 'heldout.png'})", soft_wrap=True)
 
 
 @app.command()
+@guarded
 def lab(
     game: str = typer.Option(
         "theory", "--game", "-g", help="theory (the paper's formal setting) or p4g (estimated from the annotated P4G dialogues)"
@@ -258,10 +275,7 @@ def lab(
 
     started = time.perf_counter()
     chosen = [a.strip() for a in arms.split(",") if a.strip()] if arms else None
-    try:
-        results = run_lab(game, chosen, seeds, panel, out, log=lambda m: console.print(escape(m), soft_wrap=True))
-    except (ValueError, FileNotFoundError) as err:
-        fail(str(err))
+    results = run_lab(game, chosen, seeds, panel, out, log=lambda m: console.print(escape(m), soft_wrap=True))
     console.print(format_table(results), soft_wrap=True, markup=False)
     console.print(f"report: {out / 'report.md'} (plot: {out / 'collapse.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
 
@@ -271,6 +285,7 @@ app.add_typer(diagnose_app, name="diagnose")
 
 
 @diagnose_app.command("gamma")
+@guarded
 def diagnose_gamma_command(
     simulator: str = typer.Option(
         "frozen:embedded", "--simulator", "-s", help="simulator spec, e.g. frozen:embedded or persona_guided(temperature=1.0):embedded"
@@ -289,22 +304,19 @@ def diagnose_gamma_command(
     Example: scope diagnose gamma --simulator frozen:embedded --states 4 --samples 256
     """
     from scope_marl.assembly import build_env
-    from scope_marl.config import ConfigError, P4GConfig, SayTheWordConfig, parse_simulator_spec
+    from scope_marl.config import P4GConfig, SayTheWordConfig, parse_simulator_spec
     from scope_marl.core import files
     from scope_marl.evaluation.gamma import diagnose_gamma
 
-    try:
-        cfg = parse_simulator_spec(simulator)
-        env_cfg = (
-            P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
-        )
-        if env_cfg is None:
-            fail(f"unknown --env {env!r}; use p4g or say_the_word")
-        result = diagnose_gamma(
-            cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(escape(m), soft_wrap=True)
-        )
-    except (ConfigError, BackendError, ValueError) as err:
-        fail(str(err))
+    cfg = parse_simulator_spec(simulator)
+    env_cfg = (
+        P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
+    )
+    if env_cfg is None:
+        fail(f"unknown --env {env!r}; use p4g or say_the_word")
+    result = diagnose_gamma(
+        cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(escape(m), soft_wrap=True)
+    )
     table = Table(title=f"gamma diagnosis of {simulator}: {states} states x {samples} replies")
     for column in ("state", "side", "top-1 mass", "unique", "entropy", "Zipf slope", "entropy ratio"):
         table.add_column(column, justify="right")
@@ -332,6 +344,7 @@ app.add_typer(data_app, name="data")
 
 
 @data_app.command("p4g")
+@guarded
 def data_p4g(
     download: Path = typer.Option(None, "--download", help="fetch the corpus from its public repository into this folder"),
     check: Path = typer.Option(None, "--check", help="check a corpus folder (default: the one the environment would use)"),
@@ -343,14 +356,11 @@ def data_p4g(
     from scope_marl.envs.p4g import corpus
     from scope_marl.envs.p4g import download as fetch
 
-    try:
-        if download is not None:
-            fetch.download(download)
-            console.print(f"downloaded to {download}; use it with: export {corpus.ENV_VAR}={download}")
-        folder = check or download or corpus.find_corpus_dir()
-        counts = fetch.check(folder)
-    except (fetch.CorpusDownloadError, FileNotFoundError) as err:
-        fail(str(err))
+    if download is not None:
+        fetch.download(download)
+        console.print(f"downloaded to {download}; use it with: export {corpus.ENV_VAR}={download}")
+    folder = check or download or corpus.find_corpus_dir()
+    counts = fetch.check(folder)
     console.print(f"{folder}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()), soft_wrap=True)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from scope_marl.config import TrainConfig, dump_config
 from scope_marl.core import run_layout
+from scope_marl.core.run_lock import RunLock
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.periodic import PanelEvaluator
@@ -25,17 +26,31 @@ def evaluator_for(cfg: TrainConfig) -> PanelEvaluator | None:
 
 
 def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
-    """A new run in ``run_dir`` (refused when it already holds one), its config saved beside it."""
-    check_new_run(run_dir)
-    trainer = Trainer(cfg, run_dir, evaluator_for(cfg))
+    """A new run in ``run_dir`` (refused when it already holds one, or another process holds it), its
+    config saved beside it."""
+    lock = RunLock(run_dir).acquire()
+    try:
+        check_new_run(run_dir)
+        trainer = Trainer(cfg, run_dir, evaluator_for(cfg), lock)
+    except BaseException:
+        lock.release()
+        raise
     dump_config(cfg, Path(run_dir) / run_layout.CONFIG)
     return trainer
 
 
-def resume(run_dir: str | Path) -> Trainer:
-    """Continue a run from its own saved config and latest checkpoint."""
-    cfg = read_run_config(run_dir)
-    return Trainer(cfg, run_dir, evaluator_for(cfg)).restore()
+def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
+    """Continue a run from its own saved config and its newest valid checkpoint (refused while another
+    process holds the run); ``log`` receives a warning for every damaged file skipped on the way."""
+    if not (Path(run_dir) / run_layout.CONFIG).exists():
+        raise FileNotFoundError(f"{run_dir} has no {run_layout.CONFIG}: is it a run directory written by scope train?")
+    lock = RunLock(run_dir).acquire()
+    try:
+        cfg = read_run_config(run_dir)
+        return Trainer(cfg, run_dir, evaluator_for(cfg), lock).restore(log)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def evaluate_trainer(trainer: Trainer, panel: Panel, log: Callable[[str], None] = print) -> dict:

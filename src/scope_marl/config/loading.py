@@ -28,10 +28,14 @@ class Section(BaseModel):
 
 def read_yaml(path: str | os.PathLike) -> object:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; pass a YAML config file (see configs/ for examples)")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a UTF-8 text file (is it binary?); a config is YAML text, see configs/ for examples") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
 
@@ -62,7 +66,8 @@ def load_config(
         schema = RolloutRunConfig
     path = Path(path)
     data = read_yaml(path)
-    data = {} if data is None else data
+    if data is None:  # an empty file (or comments only) is a mistake, not a request for every default
+        raise ConfigError(f"{path} is empty; write at least the sections you mean (see configs/ for examples)")
     if isinstance(data, list) and list_key is not None:
         data = {list_key: data}
     if not isinstance(data, dict):
@@ -122,17 +127,22 @@ def explain(err: ValidationError, schema: type[BaseModel], fixes: dict[str, str]
             where += "." + str(e.get("ctx", {}).get("discriminator", "")).strip("'")
         field = next((p for p in reversed(loc) if isinstance(p, str)), None)
         fix = (fixes or {}).get(field)
-        if "input" in e and e["type"] != "missing":
-            message += f" (got {e['input']!r})"
+        if "input" in e and e["type"] not in ("missing", "union_tag_invalid"):
+            message += f" (got {_short(e['input'])})"
         if e["type"] == "extra_forbidden":
             allowed = _fields_at(schema, loc[:-1])
             close = difflib.get_close_matches(str(field), allowed, n=1)
-            message = "unknown field" + (f" (got {e['input']!r})" if "input" in e else "")
+            message = "unknown field" + (f" (got {_short(e['input'])})" if "input" in e else "")
             fix = (f"did you mean {close[0]!r}? " if close else "") + (
                 f"allowed fields here: {', '.join(allowed)}" if allowed else "remove it"
             )
         lines.append(f"  - {where}: {message}" + (f". Fix: {fix}" if fix else ""))
     return "\n".join(dict.fromkeys(lines))  # an untagged union reports one error per branch
+
+
+def _short(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:

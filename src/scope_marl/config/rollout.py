@@ -22,6 +22,10 @@ class RolloutConfig(Section):
         "truncate",
         description="a turn that hits max_new_tokens ends the episode as TRUNCATED, or is kept cut short and play goes on",
     )
+    on_empty_reply: Literal["fail", "keep"] = Field(
+        "fail",
+        description="an empty or whitespace-only simulator reply ends the episode FAILED (a malformed turn), or is kept as a silent turn",
+    )
     progress: bool = True
 
 

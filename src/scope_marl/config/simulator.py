@@ -88,7 +88,14 @@ def parse_simulator_spec(spec: str) -> SimulatorConfig:
     mode, _, rest = spec.partition(":")
     if mode == "rotation":
         members = [parse_simulator_spec(part.strip()) for part in rest.split(";") if part.strip()]
-        return RotationConfig(mode="rotation", members=members)
+        if not members:
+            raise ConfigError(
+                f"simulator spec {spec!r} names no members; use rotation:SPEC;SPEC;..., e.g. rotation:frozen:embedded;vs(k=5):embedded"
+            )
+        try:
+            return RotationConfig(mode="rotation", members=members)
+        except ValidationError as err:
+            raise ConfigError(f"simulator spec {spec!r}:\n" + explain(err, RotationConfig)) from None
     if mode == "pool":
         return PoolSimulatorConfig(mode="pool", root=rest)
     options: dict = {}

@@ -9,7 +9,9 @@ answer through :meth:`Simulator.respond`.
 
 Episodes end COMPLETED when the environment says so, TRUNCATED when a turn hits its token limit
 or the context is full, FAILED when a backend raises for that episode (a failing batch is retried
-row by row, so one bad request does not take its neighbours down). All are recorded.
+row by row, so one bad request does not take its neighbours down) or the simulator's reply is
+empty. All are recorded. Every text is cleaned where it enters an episode (``core.text``), so an
+episode can always be written.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ from scope_marl.backends.base import Generation, TokenChatModel
 from scope_marl.backends.seat import Seat
 from scope_marl.config.rollout import RolloutConfig
 from scope_marl.core.seeds import derive_seed
+from scope_marl.core.text import clean, clean_text
 from scope_marl.core.types import Episode, EpisodeStatus, Message
 from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
 from scope_marl.rollout.streams import StreamBuilder
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
+
+# A simulator that says nothing gives the agent nothing to answer and the reward nothing to read.
+EMPTY_REPLY = "the simulator's reply was empty (a malformed turn)"
 
 
 @dataclass
@@ -144,10 +150,15 @@ class RolloutEngine:
 
     def _record(self, entry: _Live, role: str, text: str, view: list[Message] | None, gen: Generation | None) -> None:
         """Append one message and decide whether the episode goes on."""
+        text, replaced = clean_text(text)  # the boundary: what enters an episode can always be written
+        if replaced:
+            entry.episode.metadata["invalid_code_points"] = entry.episode.metadata.get("invalid_code_points", 0) + replaced
         entry.episode.messages.append(Message(role=role, content=text))
         if gen is not None and role in entry.builders:
             entry.builders[role].add_turn([*view, Message(role="assistant", content=text)], gen)
-        if gen is not None and gen.finish_reason == "length" and self.config.on_turn_limit == "truncate":
+        if role == USER and not text.strip() and self.config.on_empty_reply == "fail":
+            self._end(entry, EpisodeStatus.FAILED, EMPTY_REPLY)
+        elif gen is not None and gen.finish_reason == "length" and self.config.on_turn_limit == "truncate":
             self._end(entry, EpisodeStatus.TRUNCATED, f"{role} turn hit its token limit")
         elif self.env.is_done(entry.task, entry.episode.messages):
             self._end(entry, EpisodeStatus.COMPLETED)
@@ -223,7 +234,10 @@ class RolloutEngine:
                 self._end(entry, EpisodeStatus.FAILED, f"{type(reply).__name__}: {reply}")
                 continue
             if isinstance(reply, Response):
-                entry.episode.metadata.setdefault("simulator_turns", []).append({"message": len(entry.episode.messages), **reply.info})
+                info, replaced = clean(reply.info)
+                if replaced:
+                    entry.episode.metadata["invalid_code_points"] = entry.episode.metadata.get("invalid_code_points", 0) + replaced
+                entry.episode.metadata.setdefault("simulator_turns", []).append({"message": len(entry.episode.messages), **info})
                 reply = reply.reply
             self._record(entry, USER, str(reply), None, None)
 

@@ -18,19 +18,41 @@ from scope_marl.simulators.base import Simulator
 class RolloutRecorder:
     def __init__(self, out_dir: str | os.PathLike):
         self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise NotADirectoryError(f"{self.out_dir} is a file; the output must be a folder (existing batches in it are kept)")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.batches = len(list(self.out_dir.glob("episodes-*.jsonl")))  # continue numbering, never overwrite
 
     def write_batch(self, episodes: Sequence[Episode]) -> Path:
         path = self.out_dir / f"episodes-{self.batches:05d}.jsonl"
-        with files.atomic_file(path) as f:  # a reader never sees half a batch
-            for episode in episodes:
-                f.write(episode.model_dump_json() + "\n")
+        lines = [serialize(episode) for episode in episodes]  # before the file opens: one bad episode fails alone
+        with files.atomic_file(path) as f:  # a crash leaves the old file or the whole new one
+            f.writelines(lines)
         self.batches += 1
         return path
 
     def write_summary(self, summary: dict) -> Path:
         return files.write_json(self.out_dir / "summary.json", summary)
+
+
+def serialize(episode: Episode) -> str:
+    """One JSONL line. An episode that cannot be written becomes a FAILED record of its ids and the
+    reason (in memory too, so training leaves it out), instead of taking its whole batch down."""
+    try:
+        return episode.model_dump_json() + "\n"
+    except Exception as err:  # e.g. a value pydantic cannot serialize, from a simulator's metadata
+        episode.status = EpisodeStatus.FAILED
+        episode.error = f"the episode could not be written ({type(err).__name__}: {err})"
+        stub = Episode(
+            episode_id=episode.episode_id,
+            task_id=episode.task_id,
+            group_id=episode.group_id,
+            simulator_id=episode.simulator_id,
+            split=episode.split,
+            status=EpisodeStatus.FAILED,
+            error=episode.error,
+        )
+        return stub.model_dump_json() + "\n"
 
 
 def read_episodes(path: str | os.PathLike) -> list[Episode]:
@@ -55,6 +77,7 @@ def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int
         **(simulator.batch_metrics(episodes) if simulator is not None else {}),
         "episodes": len(episodes),
         "status": {s.value: status.get(s.value, 0) for s in EpisodeStatus},
+        "failure_reasons": dict(Counter(e.error for e in episodes if e.status == EpisodeStatus.FAILED)),
         "rewards": rewards,
         "groups": len(groups),
         "groups_with_one_simulator": sum(len(s) == 1 for s in groups.values()),

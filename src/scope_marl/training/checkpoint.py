@@ -1,13 +1,16 @@
 """Atomic training checkpoints: everything needed to continue a run number for number.
 
 What goes where is :mod:`scope_marl.core.run_layout` (shared with evaluation, which reads
-checkpoints). A checkpoint is written into a temporary sibling folder, fsynced and renamed into
-place (:func:`scope_marl.core.files.atomic_directory`), so a run killed mid-write leaves the
-previous checkpoint intact. The last ``keep_last`` are kept, plus the best.
+checkpoints). A checkpoint is written into a temporary sibling folder, its files fsynced, the
+folder renamed into place and the parent fsynced (:func:`scope_marl.core.files.atomic_directory`),
+so a run killed mid-write leaves the previous checkpoint intact. ``manifest.json`` records the
+size and SHA-256 of every file, so a resume can tell a damaged checkpoint (a disk that lost or
+changed bytes) and fall back to an older one. The last ``keep_last`` are kept, plus the best.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -16,6 +19,8 @@ from pathlib import Path
 import torch
 
 from scope_marl.core import files, run_layout
+
+MANIFEST = "manifest.json"  # size and SHA-256 of every other file, written last
 
 
 def save(
@@ -34,7 +39,36 @@ def save(
         torch.save({role: opt.state_dict() for role, opt in optimizers.items()}, tmp / "optimizers.pt")
         torch.save({"python": random.getstate(), "torch": torch.get_rng_state(), "engine": engine_state}, tmp / "rng.pt")
         (tmp / run_layout.STATE).write_text(json.dumps({"step": step, **state}, indent=2))
+        manifest = {str(p.relative_to(tmp)): _fingerprint(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return target
+
+
+def _fingerprint(path: Path) -> dict:
+    with path.open("rb") as f:
+        return {"size": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def problem(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint (a missing file, a size or content hash that differs from the
+    manifest written at save time), or None when it is whole. Checkpoints written before manifests
+    existed are checked by loading them instead."""
+    path = checkpoint / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as err:
+        return f"{MANIFEST} is unreadable ({err})"
+    for name, expected in manifest.items():
+        file = checkpoint / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["size"]:
+            return f"{name} has {file.stat().st_size} bytes, {expected['size']} were written"
+        if _fingerprint(file)["sha256"] != expected["sha256"]:
+            return f"{name} differs from what was written (content hash)"
+    return None
 
 
 def load_state(checkpoint: Path) -> tuple[dict, dict, dict]:
@@ -42,6 +76,14 @@ def load_state(checkpoint: Path) -> tuple[dict, dict, dict]:
     optimizers = torch.load(checkpoint / "optimizers.pt", weights_only=False)
     rng = torch.load(checkpoint / "rng.pt", weights_only=False)
     return state, optimizers, rng
+
+
+def set_aside(checkpoint: Path) -> Path:
+    """Rename a damaged checkpoint out of the run's list (kept for inspection, never loaded again)."""
+    target = checkpoint.with_name(f"damaged-{checkpoint.name}")
+    shutil.rmtree(target, ignore_errors=True)
+    checkpoint.rename(target)
+    return target
 
 
 def restore_rng(rng: dict) -> None:

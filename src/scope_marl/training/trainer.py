@@ -19,6 +19,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +31,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.seat import Seat
 from scope_marl.config import TrainConfig, load_config
 from scope_marl.core import files, run_layout
+from scope_marl.core.run_lock import RunLock
 from scope_marl.core.seeds import derive_seed
 from scope_marl.envs import AGENT, USER
 from scope_marl.rollout import RolloutEngine, RolloutRecorder, summarize
@@ -53,16 +55,19 @@ class Evaluator(Protocol):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, evaluator: Evaluator | None = None):
+    """Holds its run directory's lock (``core.run_lock``) from construction until :meth:`run` ends or
+    :meth:`close` is called, so no second process can train into the same directory meanwhile."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, evaluator: Evaluator | None = None, lock: RunLock | None = None):
         if cfg.eval.every and evaluator is None:
             raise ValueError(
                 "eval.every is set but no evaluator was given: start runs with scope_marl.experiment.start "
                 "or .resume (they wire in the evaluation panel), or set eval.every: 0"
             )
+        self.run_dir = Path(run_dir)
+        self.lock = lock if lock is not None and lock.held else RunLock(self.run_dir).acquire()
         self.evaluator = evaluator
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         if cfg.deterministic:
@@ -182,13 +187,20 @@ class Trainer:
         from tqdm.auto import tqdm
 
         records = []
-        with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not progress) as bar:
-            while self.step < self.cfg.steps:
-                record = self.train_step()
-                records.append(record)
-                bar.update(1)
-                bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
+        try:
+            with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not progress) as bar:
+                while self.step < self.cfg.steps:
+                    record = self.train_step()
+                    records.append(record)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
+        finally:
+            self.close()
         return records
+
+    def close(self) -> None:
+        """Release the run directory (another process may then resume it)."""
+        self.lock.release()
 
     # ---- population --------------------------------------------------------------------------
     def _ensure_pool(self) -> None:
@@ -246,32 +258,69 @@ class Trainer:
         checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]).name if self.best else None)
         return path
 
-    def restore(self) -> Trainer:
-        """Continue from the run directory's latest checkpoint: weights, optimizers, RNG, cursor, counters."""
-        checkpoints = run_layout.list_checkpoints(self.run_dir)
-        if not checkpoints:
-            raise FileNotFoundError(f"{self.run_dir} has no checkpoint yet; start it again with scope train CONFIG --out {self.run_dir}")
-        latest = checkpoints[-1]
-        state, optimizers, rng = checkpoint.load_state(latest)
+    def restore(self, log: Callable[[str], None] = print) -> Trainer:
+        """Continue from the newest whole checkpoint: weights, optimizers, RNG, cursor, counters.
+
+        A damaged checkpoint (a file missing, changed or unloadable) is set aside with a warning and
+        the next older one is used. Then everything written after the restored step goes: metric
+        lines (a torn last line too) and rollout batches, so each step and each episode id appears
+        once when the steps are played again.
+        """
+        for path in reversed(run_layout.list_checkpoints(self.run_dir)):
+            trouble = checkpoint.problem(path)
+            if trouble is None:
+                try:
+                    self._load_checkpoint(path)
+                    break
+                except Exception as err:  # a file that matches its manifest yet does not load
+                    trouble = f"it does not load ({type(err).__name__}: {err})"
+            aside = checkpoint.set_aside(path)
+            log(f"warning: checkpoint {path} is damaged ({trouble}); set aside as {aside.name}, using the previous one")
+        else:
+            raise FileNotFoundError(f"{self.run_dir} has no usable checkpoint; start it again with scope train CONFIG --out NEW_DIR")
+        self._truncate_metrics(log)
+        self._trim_rollouts(log)
+        return self
+
+    def _load_checkpoint(self, path: Path) -> None:
+        state, optimizers, rng = checkpoint.load_state(path)
         for name in self._saved_adapters():
-            self.chat.load_adapter_weights(name, run_layout.saved_adapter(latest, name))
+            self.chat.load_adapter_weights(name, run_layout.saved_adapter(path, name))
         if self.full:
-            self.agent_chat.load_weights(run_layout.weights_path(latest, ADAPTERS[AGENT]))
+            self.agent_chat.load_weights(run_layout.weights_path(path, ADAPTERS[AGENT]))
         for role, learner in self.learners.items():
             learner.optimizer.load_state_dict(optimizers[role])
         checkpoint.restore_rng(rng)
         self.engine.load_state_dict(rng["engine"])
         self.step, self.cursor, self.best = state["step"], state["cursor"], state["best"]
         self.member_rewards = state.get("member_rewards", {})
-        self._truncate_metrics()
-        return self
 
-    def _truncate_metrics(self) -> None:
-        """Drop metric lines of steps after the checkpoint (they will be played again)."""
+    def _truncate_metrics(self, log: Callable[[str], None]) -> None:
+        """Drop metric lines of steps after the checkpoint (they will be played again), and a torn
+        last line (a crash mid-append)."""
         if not self.metrics_path.exists():
             return
-        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= self.step]
-        files.write_text(self.metrics_path, "".join(line + "\n" for line in lines))
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                records.append((json.loads(line)["step"], line))
+            except (ValueError, KeyError, TypeError):
+                if number < len(lines):
+                    raise ValueError(
+                        f"{self.metrics_path} line {number} is not a metrics record; fix or remove that line, then resume"
+                    ) from None
+                log(f"warning: dropped the torn last line of {self.metrics_path} (a crash mid-write)")
+        files.write_text(self.metrics_path, "".join(line + "\n" for step, line in records if step <= self.step))
+
+    def _trim_rollouts(self, log: Callable[[str], None]) -> None:
+        """Remove rollout batches written after the checkpoint (batch k holds step k + 1's episodes)."""
+        later = [p for p in self.recorder.out_dir.glob("episodes-*.jsonl") if int(p.stem.split("-")[1]) >= self.step]
+        for path in later:
+            path.unlink()
+        if later:
+            log(f"removed {len(later)} rollout batch(es) of steps after {self.step} from {self.recorder.out_dir}; they are played again")
+        self.recorder = RolloutRecorder(self.recorder.out_dir)
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:

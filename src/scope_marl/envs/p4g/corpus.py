@@ -28,23 +28,33 @@ class CorpusNotFound(FileNotFoundError):
     """No corpus directory; the message says where it looked and how to provide one."""
 
 
-def _candidates(explicit: str | os.PathLike | None) -> list[Path]:
+def _named(explicit: str | os.PathLike | None) -> tuple[Path, str] | None:
+    """The folder the user named (the argument or config field, else ``$SCOPE_P4G_DIR``), and how."""
     if explicit:
-        return [Path(explicit)]
-    out = []
+        return Path(explicit), "env.data_dir"
     if os.environ.get(ENV_VAR):
-        out.append(Path(os.environ[ENV_VAR]))
-    here = Path(__file__).resolve()
-    out += [Path.cwd() / ".." / "shared" / "data" / "p4g", here.parents[5] / "shared" / "data" / "p4g"]
-    return out
+        return Path(os.environ[ENV_VAR]), f"${ENV_VAR}"
+    return None
 
 
 def find_corpus_dir(path: str | os.PathLike | None = None, required: bool = True) -> Path | None:
-    """The corpus directory: ``path``, else ``$SCOPE_P4G_DIR``, else ``../shared/data/p4g``."""
-    tried = _candidates(path)
+    """The corpus directory: ``path``, else ``$SCOPE_P4G_DIR``, else ``../shared/data/p4g``.
+
+    A folder the user named must hold the corpus, ``required`` or not: a typo in a path is an error,
+    never a silent switch to synthetic personas. Only when no folder was named may the search come
+    back empty (``required=False``).
+    """
+    named = _named(path)
+    here = Path(__file__).resolve()
+    tried = [named[0]] if named else [Path.cwd() / ".." / "shared" / "data" / "p4g", here.parents[5] / "shared" / "data" / "p4g"]
     for candidate in tried:
         if (candidate / "full_dialog.csv").exists() and (candidate / "full_info.csv").exists():
             return candidate.resolve()
+    if named:
+        raise CorpusNotFound(
+            f"{named[1]} names {named[0]}, which does not hold the Persuasion for Good corpus ({', '.join(FILES)}). "
+            f"Fix the path, or unset it (source: synthetic samples personas instead), or fetch the corpus with: scope data p4g --download DIR"
+        )
     if not required:
         return None
     raise CorpusNotFound(
