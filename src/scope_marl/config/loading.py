@@ -122,12 +122,12 @@ def explain(err: ValidationError, schema: type[BaseModel], fixes: dict[str, str]
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not _is_branch(p))
         where = field_path(loc) or "(top level)"
-        message = e["msg"]
+        message = e["msg"].removeprefix("Value error, ")  # a validator's own message says it all
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             where += "." + str(e.get("ctx", {}).get("discriminator", "")).strip("'")
         field = next((p for p in reversed(loc) if isinstance(p, str)), None)
         fix = (fixes or {}).get(field)
-        if "input" in e and e["type"] not in ("missing", "union_tag_invalid"):
+        if "input" in e and loc and e["type"] not in ("missing", "union_tag_invalid"):  # (not the whole file again)
             message += f" (got {_short(e['input'])})"
         if e["type"] == "extra_forbidden":
             allowed = _fields_at(schema, loc[:-1])
