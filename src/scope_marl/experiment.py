@@ -13,7 +13,7 @@ from pathlib import Path
 
 from scope_marl.config import TrainConfig, dump_config
 from scope_marl.core import run_layout
-from scope_marl.core.run_lock import RunLock
+from scope_marl.core.run_lock import LOCK_FILE, RunLock
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.periodic import PanelEvaluator
@@ -42,7 +42,8 @@ def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
     """Continue a run from its own saved config and its newest valid checkpoint (refused while another
     process holds the run); ``log`` receives a warning for every damaged file skipped on the way."""
-    if not (Path(run_dir) / run_layout.CONFIG).exists():
+    # A run that is still starting holds its lock before it writes its config: try the lock first.
+    if not any((Path(run_dir) / name).exists() for name in (run_layout.CONFIG, LOCK_FILE)):
         raise FileNotFoundError(f"{run_dir} has no {run_layout.CONFIG}: is it a run directory written by scope train?")
     lock = RunLock(run_dir).acquire()
     try:
