@@ -51,6 +51,11 @@ def guarded(command):
             return command(*args, **kwargs)
         except (typer.Exit, typer.Abort, click.exceptions.ClickException):
             raise
+        except KeyboardInterrupt:
+            if DEBUG["on"]:
+                raise
+            console.print("interrupted (a training run continues with: scope train --resume RUN_DIR)", soft_wrap=True)
+            raise typer.Exit(code=130) from None
         except Exception as err:
             if DEBUG["on"]:
                 raise
