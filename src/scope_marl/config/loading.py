@@ -75,6 +75,15 @@ def load_config(
     return validate({**(defaults or {}), **data}, schema, str(path), fixes)
 
 
+def resolve_named(name_or_path: str | os.PathLike, builtin_dir: Path) -> Path | None:
+    """The file ``name_or_path`` names: itself when it exists, else the built-in ``builtin_dir/NAME.yaml``."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    builtin = builtin_dir / f"{name_or_path}.yaml"
+    return builtin if builtin.exists() else None
+
+
 def load_named(
     name_or_path: str | os.PathLike, schema: type[BaseModel], builtin_dir: Path, kind: str = "panel", fixes: dict[str, str] | None = None
 ) -> BaseModel:
@@ -83,10 +92,8 @@ def load_named(
     A file that leaves out ``name`` is named after its stem when the schema has a ``name`` field; a
     file that is a bare list holds the ``simulators``.
     """
-    path = Path(name_or_path)
-    if not path.exists() and (builtin_dir / f"{name_or_path}.yaml").exists():
-        path = builtin_dir / f"{name_or_path}.yaml"
-    if not path.exists():
+    path = resolve_named(name_or_path, builtin_dir)
+    if path is None:
         builtin = ", ".join(sorted(p.stem for p in builtin_dir.glob("*.yaml")))
         raise ConfigError(f"{kind} {str(name_or_path)!r} is neither a file nor a built-in {kind}; built-in: {builtin}")
     defaults = {"name": path.stem} if "name" in schema.model_fields else None

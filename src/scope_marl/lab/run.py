@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from scope_marl.config.loading import resolve_named
 from scope_marl.core import files
 from scope_marl.evaluation.stats import t_interval
 from scope_marl.lab.arms import ARMS, OPTIONAL_ARMS, SETTINGS
@@ -117,7 +118,7 @@ def run_lab(
 
 def panel_file(panel: str | Path | None) -> str:
     """How results name the panel: a built-in one by its package path (not this machine's), else as given."""
-    builtin = BUILTIN_DIR / f"{panel if panel is not None else HELDOUT_PANEL}.yaml"
-    if panel is None or (not Path(panel).exists() and builtin.exists()):
-        return f"scope_marl/lab/panels/{builtin.name}"
-    return str(panel)
+    if panel is not None and Path(panel).exists():
+        return str(panel)
+    path = resolve_named(panel if panel is not None else HELDOUT_PANEL, BUILTIN_DIR)
+    return f"scope_marl/lab/panels/{path.name}" if path is not None else str(panel)

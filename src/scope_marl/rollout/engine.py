@@ -28,7 +28,7 @@ from scope_marl.backends.base import Generation, TokenChatModel
 from scope_marl.backends.seat import Seat
 from scope_marl.config.rollout import RolloutConfig
 from scope_marl.core.seeds import derive_seed
-from scope_marl.core.text import clean, clean_text
+from scope_marl.core.text import clean
 from scope_marl.core.types import Episode, EpisodeStatus, Message
 from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
 from scope_marl.rollout.streams import StreamBuilder
@@ -148,11 +148,18 @@ class RolloutEngine:
         episode.timings["total_s"] = time.perf_counter() - entry.started
         entry.next_role = ""
 
-    def _record(self, entry: _Live, role: str, text: str, view: list[Message] | None, gen: Generation | None) -> None:
-        """Append one message and decide whether the episode goes on."""
-        text, replaced = clean_text(text)  # the boundary: what enters an episode can always be written
+    @staticmethod
+    def _cleaned(entry: _Live, value):
+        """The boundary: ``value`` (a text, or a simulator's recorded info) made serializable, so an
+        episode can always be written; replaced code points are counted in its metadata."""
+        value, replaced = clean(value)
         if replaced:
             entry.episode.metadata["invalid_code_points"] = entry.episode.metadata.get("invalid_code_points", 0) + replaced
+        return value
+
+    def _record(self, entry: _Live, role: str, text: str, view: list[Message] | None, gen: Generation | None) -> None:
+        """Append one message and decide whether the episode goes on."""
+        text = self._cleaned(entry, text)
         entry.episode.messages.append(Message(role=role, content=text))
         if gen is not None and role in entry.builders:
             entry.builders[role].add_turn([*view, Message(role="assistant", content=text)], gen)
@@ -234,9 +241,7 @@ class RolloutEngine:
                 self._end(entry, EpisodeStatus.FAILED, f"{type(reply).__name__}: {reply}")
                 continue
             if isinstance(reply, Response):
-                info, replaced = clean(reply.info)
-                if replaced:
-                    entry.episode.metadata["invalid_code_points"] = entry.episode.metadata.get("invalid_code_points", 0) + replaced
+                info = self._cleaned(entry, reply.info)
                 entry.episode.metadata.setdefault("simulator_turns", []).append({"message": len(entry.episode.messages), **info})
                 reply = reply.reply
             self._record(entry, USER, str(reply), None, None)
