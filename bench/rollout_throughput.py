@@ -23,6 +23,7 @@ import torch
 from scope_marl.backends.embedded import load_embedded
 from scope_marl.backends.seat import Seat
 from scope_marl.config import RolloutConfig
+from scope_marl.core.machine import gemm_gflops
 from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import AGENT, SayTheWord, role_view
 from scope_marl.rollout import RolloutEngine
@@ -38,16 +39,6 @@ class FixedLength(SayTheWord):
 
     def is_done(self, task, messages) -> bool:
         return len(messages) >= 2 * self.max_exchanges
-
-
-def gemm_gflops(size: int = 2048, repeats: int = 20) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(3):
-        a @ b
-    started = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
 def naive(chat, env, tasks) -> tuple[int, float]:
@@ -113,7 +104,7 @@ def main() -> None:
 
     chat = load_embedded()
     params = sum(p.numel() for p in chat.model.parameters())  # tied embedding / LM head counted once
-    gflops = gemm_gflops()
+    gflops = gemm_gflops(repeats=20)
     bound = gflops * 1e9 / (2 * params)
     env = FixedLength(num_tasks=16, max_exchanges=EXCHANGES)
     sizes = [4, 8] if args.quick else [8, 32, 64]

@@ -26,6 +26,7 @@ import torch
 
 from scope_marl.backends.embedded import converted_model_dir, load_embedded
 from scope_marl.config import LearnerConfig
+from scope_marl.core.machine import gemm_gflops
 from scope_marl.core.types import Episode, Message, RoleStream, SamplingParams
 from scope_marl.envs import AGENT
 from scope_marl.envs.p4g.env import PersuasionForGood
@@ -49,15 +50,6 @@ def reward(text: str) -> float:
 def prompts() -> list[list[Message]]:
     env = PersuasionForGood(source="auto", word_limit=40)
     return [[Message(role="system", content=env.system_prompt(t, AGENT))] for t in env.tasks("train")[:PROMPTS]]
-
-
-def gemm_gflops(size: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    started = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
 def ours(steps: int, chats: list[list[Message]]) -> dict:

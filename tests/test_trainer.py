@@ -226,33 +226,6 @@ def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
     assert [e.step for e in events.Scalars("train_agent/kl")] == [1, 2]
 
 
-def test_demo_runs_every_stage_and_writes_the_report(tiny_model_dir, tmp_path):
-    """The README's main job end to end (on the tiny model; the real run uses the embedded one)."""
-    from scope_marl.demo import demo_panel, run_demo
-    from scope_marl.evaluation.panel import Panel
-
-    model = f"hf:{tiny_model_dir}"
-    sampling = {"temperature": 1.0, "max_new_tokens": 6}
-    panel = Panel.model_validate(
-        {
-            "name": "tiny",
-            "simulators": [
-                {"id": "a", "simulator": {"mode": "frozen", "model": model, "sampling": sampling}},
-                {"id": "b", "simulator": {"mode": "persona_guided", "model": model, "sampling": sampling}},
-            ],
-        }
-    )
-    assert demo_panel(panel).tasks_per_simulator == 2 and demo_panel().name == "offline"
-    report = run_demo(tmp_path / "demo", steps=2, arms=["frozen", "population"], log=lambda _: None, model=model, panel=panel)
-    text = report.read_text()
-    assert "| frozen | 2 |" in text and "| population | 2 |" in text and "| b |" in text
-    for arm in ("frozen", "population"):
-        evaluation = json.loads((tmp_path / "demo" / arm / "eval" / "eval.json").read_text())
-        assert evaluation["heldout"]["simulators"] == ["a", "b"] and evaluation["heldout"]["episodes"] == 4
-    assert (tmp_path / "demo" / "collapse.png").exists() and (tmp_path / "demo" / "heldout.png").exists()
-    assert len(list((tmp_path / "demo" / "population" / "pool" / "members").iterdir())) == 3
-
-
 def test_a_bad_eval_panel_fails_when_training_starts(tiny_model_dir, tmp_path):
     from scope_marl.config import ConfigError
 

@@ -177,23 +177,33 @@ def train(
 @app.command()
 @guarded
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="report directory"),
-    steps: int = typer.Option(3, min=1, help="training steps per arm"),
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="report directory (a used one becomes DIR-2, DIR-3, ...)"),
+    steps: int = typer.Option(2, min=1, help="GRPO steps per LLM arm (part 2)"),
+    seeds: int = typer.Option(5, min=2, help="seeds per arm of the collapse lab (part 1); intervals need 2 or more"),
 ) -> None:
-    """Smoke-run every stage on the embedded model: three arms trained a few steps, held-out evaluation, a report.
+    """The main job: simulator collapse and both fixes (collapse lab), the same algorithms on the
+    embedded LLM, where to go next; one report.md / report.html, and a last RESULT line.
 
     Example: scope demo --out runs/demo
     """
-    from scope_marl.demo import run_demo
+    from scope_marl.demo import result_line, run_demo
+    from scope_marl.lab import format_table
 
-    started = time.perf_counter()
-    report = run_demo(out, steps=steps, log=lambda m: console.print(escape(m), soft_wrap=True))
-    console.print(report.read_text(), soft_wrap=True, markup=False)
+    summary = run_demo(out, steps=steps, seeds=seeds, log=lambda m: console.print(escape(m), soft_wrap=True))
+    console.print("", format_table(summary["lab"]), "", soft_wrap=True, markup=False, sep="\n")
+    for arm, a in summary["llm"]["arms"].items():
+        held = a["heldout"]["reward"]
+        console.print(
+            f"LLM {arm}: held-out reward {held['mean']:.3f} [{held['low']:.3f}, {held['high']:.3f}]", soft_wrap=True, markup=False
+        )
+    result = summary["result"]
     console.print(
-        f"report: {report} (plots: {report.parent / 'collapse.png'}, {report.parent / 'heldout.png'}) "
-        f"in {time.perf_counter() - started:.0f}s",
+        f"report: {Path(summary['out']) / 'report.html'} (and report.md) in {result['seconds']:.0f} s; "
+        f"the target on this machine (GEMM {result['gemm_gflops']:.0f} GFLOP/s) is {result['time_limit_s']:.0f} s",
         soft_wrap=True,
+        markup=False,
     )
+    console.print(result_line(result), soft_wrap=True, markup=False)
 
 
 @app.command("eval")

@@ -4,15 +4,20 @@ Collapse shows as diverging lines: reward against the training simulator goes up
 against held-out simulators and the agent's policy entropy go down. :func:`plot_collapse` draws
 those three panels, one line per run / arm (the collapse lab uses it too); :func:`plot_heldout_bars`
 draws held-out reward per simulator with 95% intervals; :func:`write_report` adds ``report.md``
-with the tables side by side.
+with the tables side by side, and :func:`write_html` the same report as one self-contained
+``report.html`` (plots embedded), which opens from a file browser.
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import math
+import mimetypes
 from pathlib import Path
 
+from scope_marl.core import files
 from scope_marl.evaluation.stats import format_interval, format_number
 
 PANELS = [
@@ -180,16 +185,22 @@ def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
     return path
 
 
-def report_markdown(runs: dict[str, dict]) -> str:
+def report_markdown(runs: dict[str, dict], title: str = "Report", level: int = 1, images: str = "") -> str:
+    """The report's markdown: the plots, a table of runs and a table of reward per simulator.
+
+    ``level`` is the depth of its top heading and ``images`` the folder of its plots relative to the
+    markdown file, so a longer report (``scope demo``'s) can hold it as a section.
+    """
+    h = "#" * level
     lines = [
-        "# Report",
+        f"{h} {title}",
         "",
         "Collapse reads as training-simulator reward rising while held-out reward and policy entropy fall.",
         "",
-        "![collapse curves](collapse.png)",
+        f"![collapse curves]({images}collapse.png)",
         "",
-        *(["![reward per panel simulator](heldout.png)", ""] if any(r["evaluation"] for r in runs.values()) else []),
-        "## Runs",
+        *([f"![reward per panel simulator]({images}heldout.png)", ""] if any(r["evaluation"] for r in runs.values()) else []),
+        f"{h}# Runs",
         "",
         "| run | steps | train reward (first -> last) | held-out reward [95% CI] | held-out success | policy entropy | distinct-2 | coverage |",
         "|---|---|---|---|---|---|---|---|",
@@ -205,7 +216,7 @@ def report_markdown(runs: dict[str, dict]) -> str:
     evaluated = {name: run["evaluation"] for name, run in runs.items() if run["evaluation"]}
     if evaluated:
         simulators = list(dict.fromkeys(sid for ev in evaluated.values() for sid in ev["simulators"]))
-        lines += ["", "## Reward per simulator", "", "| simulator | " + " | ".join(evaluated) + " |", "|---|" + "---|" * len(evaluated)]
+        lines += ["", f"{h}# Reward per simulator", "", "| simulator | " + " | ".join(evaluated) + " |", "|---|" + "---|" * len(evaluated)]
         for sid in simulators:
             mark = " (training)" if any(ev["simulators"].get(sid, {}).get("training") for ev in evaluated.values()) else ""
             lines.append(
@@ -216,13 +227,65 @@ def report_markdown(runs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "Simulator collapse") -> Path:
-    """``scope report``: collapse.png, heldout.png and report.md for one or more runs."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs([Path(p) for p in run_dirs])
+def write_plots(runs: dict[str, dict], out: Path, title: str) -> None:
+    """collapse.png (every run with metrics) and heldout.png (every run with an evaluation) in ``out``."""
     series = {name: collapse_series(run["records"], run["final"]) for name, run in runs.items() if run["records"]}
     plot_collapse(series, out / "collapse.png", title)
     plot_heldout_bars(runs, out / "heldout.png")
-    (out / "report.md").write_text(report_markdown(runs))
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "Simulator collapse") -> Path:
+    """``scope report``: collapse.png, heldout.png, report.md and a self-contained report.html for one or more runs."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs([Path(p) for p in run_dirs])
+    write_plots(runs, out, title)
+    files.write_text(out / "report.md", report_markdown(runs))
+    write_html(out / "report.md", title)
     return out / "report.md"
+
+
+# ---- one self-contained HTML file ----------------------------------------------------------------
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto; padding: 0 1rem; line-height: 1.45; color: #1b1b1b; }
+table { border-collapse: collapse; margin: 0.8rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.55rem; text-align: left; }
+th { background: #f2f2f2; }
+img { max-width: 100%; }
+code, pre { background: #f5f5f5; border-radius: 3px; }
+pre { padding: 0.6rem; overflow-x: auto; }
+"""
+
+
+def markdown_to_html(text: str, base: Path, title: str) -> str:
+    """A standalone HTML page of ``text``: tables rendered, every image read from ``base`` and
+    embedded as a data URI, so the page opens from a file browser with nothing beside it."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(text)
+    for token in tokens:
+        for child in token.children or []:
+            if child.type == "image":
+                child.attrSet("src", data_uri(base / str(child.attrGet("src"))))
+    body = md.renderer.render(tokens, md.options, {})
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{HTML_STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n"
+    )
+
+
+def data_uri(path: Path) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"the report shows {path}, which was not written; rerun the command that writes the report")
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def write_html(markdown_path: Path, title: str) -> Path:
+    """``report.html`` beside ``markdown_path``: the same report, with its plots inside the file."""
+    markdown_path = Path(markdown_path)
+    target = markdown_path.with_suffix(".html")
+    files.write_text(target, markdown_to_html(markdown_path.read_text(), markdown_path.parent, title))
+    return target

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from scope_marl.evaluation.report import plot_collapse
 from scope_marl.evaluation.stats import format_interval
 
 
@@ -90,10 +91,34 @@ def format_table(results: dict) -> str:
     return "\n".join(lines + [""] + checks(results))
 
 
-def report_markdown(results: dict) -> str:
-    game = results["game"]
+def headline(results: dict) -> list[str]:
+    """The lab's finding in plain sentences: single's collapse, then how far each fix ends above single."""
+    r = results["results"]
+    if "single" not in r:
+        return []
+    change = r["single"]["change"]
     lines = [
-        f"# Collapse lab: `{game}`",
+        f"Trained against one collapsed simulator (single), the agent's reward against that simulator changes by "
+        f"{format_interval(change['train_reward'], True)}, while its reward against the held-out panel changes by "
+        f"{format_interval(change['heldout_reward'], True)} and its policy entropy by {format_interval(change['policy_entropy'], True)}."
+    ]
+    names = {"vs_prob": "Verbalized Sampling (prob)", "cotrain": "co-training", "population": "population co-training"}
+    gains = [
+        f"{names.get(arm, arm)} {format_interval(stats['heldout_vs_single'], True)}"
+        for arm, stats in r.items()
+        if arm != "single" and arm != "oracle" and stats.get("heldout_vs_single")
+    ]
+    if gains:
+        lines.append("Held-out reward above single, paired by seed: " + "; ".join(gains) + ".")
+    return lines
+
+
+def report_markdown(results: dict, level: int = 1, images: str = "") -> str:
+    """The lab's report; ``level`` is its top heading's depth and ``images`` the folder of
+    ``collapse.png`` relative to the markdown file (so ``scope demo`` can hold it as a section)."""
+    game, h = results["game"], "#" * level
+    lines = [
+        f"{h} Collapse lab: `{game}`",
         "",
         (
             f"{results['seeds']} seeds per arm; every cell is the mean over seeds with its {results['interval']}. "
@@ -101,32 +126,26 @@ def report_markdown(results: dict) -> str:
             "choose anything). *change* is final minus step 0; *held-out - single* is paired by seed."
         ),
         "",
+        *headline(results),
+        "",
+        f"![collapse curves: training-simulator reward, held-out reward and policy entropy per step]({images}collapse.png)",
+        "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
     ]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     names = [s["id"] for s in results["panel"]["simulators"]]
-    lines += ["", "## Final held-out reward per simulator", "", "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += ["", f"{h}# Final held-out reward per simulator", "", "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for arm, r in results["results"].items():
         lines.append(f"| {arm} | " + " | ".join(format_interval(r["per_simulator"][n]) for n in names) + " |")
-    lines += ["", "## Checks", ""] + [f"- {line}" for line in checks(results)]
-    lines += ["", "## Settings", ""] + [f"- `{key}`: {json.dumps(value)}" for key, value in results["settings"].items()]
-    lines += [
-        "",
-        "Collapse curves: `collapse.png` (training-simulator reward, held-out reward, policy entropy vs step).",
-        "Modelling choices: docs/lab.md.",
-        "",
-    ]
+    lines += ["", f"{h}# Checks", ""] + [f"- {line}" for line in checks(results)]
+    lines += ["", f"{h}# Settings", ""] + [f"- `{key}`: {json.dumps(value)}" for key, value in results["settings"].items()]
+    lines += ["", "Modelling choices: docs/lab.md in the SCOPE-MARL repository.", ""]
     return "\n".join(lines)
 
 
-def plot(results: dict, path: Path, log=print) -> None:
+def plot(results: dict, path: Path) -> None:
     """The collapse curves of every arm (bands: t-intervals over seeds), with the LLM path's plot code."""
-    try:
-        from scope_marl.evaluation.report import plot_collapse
-    except ImportError as exc:  # matplotlib missing: the tables still stand
-        log(f"[lab] no plot: {exc}")
-        return
     plot_collapse(
         {arm: r["curve"] for arm, r in results["results"].items()},
         path,

@@ -1,6 +1,6 @@
 """``scope lab``: every arm over several seeds on one game, summarized with t-intervals over seeds.
 
-Writes ``results.json``, ``report.md`` and ``collapse.png``; the run reports reward against its
+Writes ``results.json``, ``report.md``, ``report.html`` and ``collapse.png``; the run reports reward against its
 training simulator, held-out reward and policy entropy, each as a mean over seeds with a 95%
 t-interval.
 """
@@ -16,8 +16,9 @@ import torch
 
 from scope_marl.config.loading import resolve_named
 from scope_marl.core import files
+from scope_marl.evaluation.report import write_html
 from scope_marl.evaluation.stats import t_interval
-from scope_marl.lab.arms import ARMS, OPTIONAL_ARMS, SETTINGS
+from scope_marl.lab.arms import ARMS, OPTIONAL_ARMS, SETTINGS, Settings
 from scope_marl.lab.games import load_game
 from scope_marl.lab.loop import train_arm
 from scope_marl.lab.panel import BUILTIN_DIR, HELDOUT_PANEL, build_panel, load_panel
@@ -52,11 +53,13 @@ def run_lab(
     panel: str | Path | None = None,
     out: Path = Path("lab"),
     log: Callable[[str], None] = print,
+    settings: Settings | None = None,
 ) -> dict:
     """Train every arm with ``seeds`` seeds on ``game`` and write results.json, report.md, collapse.png to ``out``.
 
-    ``panel`` is a held-out panel: a YAML path or a built-in name (default ``heldout``). Returns the
-    results dict that :func:`scope_marl.lab.report.format_table` prints.
+    ``panel`` is a held-out panel: a YAML path or a built-in name (default ``heldout``); ``settings``
+    replaces the game's tuned hyperparameters (shorter runs in tests). Returns the results dict that
+    :func:`scope_marl.lab.report.format_table` prints.
     """
     started = time.perf_counter()
     arms = list(arms or ARMS)
@@ -66,7 +69,7 @@ def run_lab(
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     lab_game = load_game(game)
-    s = SETTINGS[game]
+    s = settings or SETTINGS[game]
     panel_spec = load_panel(panel if panel is not None else HELDOUT_PANEL)
     members = build_panel(lab_game, panel_spec)
     out = Path(out)
@@ -110,8 +113,9 @@ def run_lab(
         "seconds": time.perf_counter() - started,
     }
     files.write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
+    plot(results, out / "collapse.png")
     files.write_text(out / "report.md", report_markdown(results))
-    plot(results, out / "collapse.png", log)
+    write_html(out / "report.md", f"Collapse lab: {game}")
     results["seconds"] = time.perf_counter() - started
     return results
 

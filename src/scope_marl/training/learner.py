@@ -161,7 +161,10 @@ class Learner:
         was_training = self.chat.model.training
         self.chat.model.eval()  # no dropout: the first update must score exactly what was sampled
         stats_sum: dict[str, float] = {}
-        for _ in range(self.config.epochs):
+        # Before this batch's first update the learner scores the weights that sampled it: the largest
+        # gap between its log-probs and the rollout's is float error when the streams are token-exact.
+        logprob_gap = 0.0
+        for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for batch in self._micro_batches(streams):
                 chunk = [streams[i] for i in batch]
@@ -169,6 +172,8 @@ class Learner:
                 old_logp = torch.zeros_like(new_logp)
                 for j, s in enumerate(chunk):
                     old_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
+                if epoch == 0:
+                    logprob_gap = max(logprob_gap, float(((new_logp.detach() - old_logp).abs() * mask).max()))
                 ref_logp = None
                 if self.config.kl_coef > 0:
                     with torch.no_grad():
@@ -213,6 +218,7 @@ class Learner:
             "kl": stats_sum["kl"] / n,
             "entropy": stats_sum["entropy"] / n,
             "ratio_mean": stats_sum["ratio_mean"] / n,
+            "logprob_gap": logprob_gap,
             "grad_norm": float(grad_norm),
             "update_s": time.perf_counter() - started,
         }

@@ -144,7 +144,7 @@ class Trainer:
         rollout_s = time.perf_counter() - started
         self.recorder.write_batch(episodes)
         self.step += 1
-        summary = summarize(episodes, rollout_s, 0, self.engine.simulator)
+        summary = summarize(episodes, rollout_s, 0)
         record: dict = {
             "step": self.step,
             "rollout_s": rollout_s,
@@ -154,6 +154,9 @@ class Trainer:
         }
         for role, stats in summary["rewards"].items():
             record[f"reward_{role}"] = {"mean": stats["mean"], "std": stats["std"]}
+        reported = self.engine.simulator.batch_metrics(episodes)
+        if reported:
+            record["simulator"] = reported
         if self.member is not None and "reward_agent" in record:
             recent = self.member_rewards.setdefault(self.member, [])
             recent.append(record["reward_agent"]["mean"])

@@ -1,0 +1,194 @@
+"""``scope demo``: its three parts, the RESULT line's direction, the self-contained HTML report, the
+time estimates; and once end to end on the real embedded model through the CLI."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from scope_marl import demo
+from scope_marl.evaluation.panel import Panel
+from scope_marl.evaluation.report import markdown_to_html
+from scope_marl.lab.arms import with_settings
+
+RESULT = re.compile(
+    r"^RESULT seconds=(\d+\.\d+) gemm_gflops=(\d+\.\d+) single_heldout_change=(-?\d+\.\d+) "
+    r"vs_prob_over_single_low=(-?\d+\.\d+) cotrain_over_single_low=(-?\d+\.\d+)$"
+)
+
+
+class Page(HTMLParser):
+    """The images, tables and header cells of an HTML page."""
+
+    def __init__(self):
+        super().__init__()
+        self.images, self.tables, self.headers, self.links = [], 0, [], []
+        self._in_th = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        elif tag == "table":
+            self.tables += 1
+        elif tag == "th":
+            self._in_th = True
+            self.headers.append("")
+        elif tag in ("link", "script") and (attrs.get("href") or attrs.get("src")):
+            self.links.append(attrs.get("href") or attrs.get("src"))
+
+    def handle_endtag(self, tag):
+        if tag == "th":
+            self._in_th = False
+
+    def handle_data(self, data):
+        if self._in_th:
+            self.headers[-1] += data
+
+
+def read_page(path: Path) -> Page:
+    page = Page()
+    page.feed(path.read_text())
+    return page
+
+
+def markdown_tables(text: str) -> list[list[str]]:
+    """The header cells of every table in a markdown text."""
+    lines = text.splitlines()
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line, below in zip(lines, lines[1:])
+        if line.startswith("|") and re.fullmatch(r"\|(---\|)+", below.strip())
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tiny_model_dir, tmp_path_factory):
+    """The whole demo on the tiny random model, with the lab shortened to 3 seeds and a lighter evaluation."""
+    model = f"hf:{tiny_model_dir}"
+    sampling = {"temperature": 1.0, "max_new_tokens": 6}
+    panel = Panel.model_validate(
+        {
+            "name": "tiny",
+            "simulators": [
+                {"id": "a", "simulator": {"mode": "frozen", "model": model, "sampling": sampling}},
+                {"id": "b", "simulator": {"mode": "persona_guided", "model": model, "sampling": sampling}},
+            ],
+        }
+    )
+    lines: list[str] = []
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    lab = with_settings("theory", eval_every=75, eval_groups=16)  # the default 150 steps: co-training needs them
+    summary = demo.run_demo(out, steps=1, seeds=3, log=lines.append, model=model, panel=panel, lab_settings=lab)
+    return Path(summary["out"]), summary, lines
+
+
+def test_demo_result_shows_collapse_and_both_fixes(tiny_demo):
+    """The RESULT's direction: single's held-out reward falls; VS prob and co-training end above single
+    (the lower ends of their paired 95% intervals are above 0)."""
+    out, summary, _ = tiny_demo
+    line = demo.result_line(summary["result"])
+    match = RESULT.match(line)
+    assert match, line
+    seconds, gflops, change, vs_low, cotrain_low = map(float, match.groups())
+    assert change < 0 and vs_low > 0 and cotrain_low > 0, line
+    assert seconds > 0 and gflops > 0
+    saved = json.loads((out / "demo.json").read_text())
+    assert saved["result"]["single_heldout_change"] == pytest.approx(change, abs=1e-4)
+    lab = json.loads((out / "effect" / "results.json").read_text())
+    assert lab["seeds"] == 3 and set(lab["arms"]) == {"single", "rotation", "vs_prob", "vs_random", "cotrain", "population"}
+
+
+def test_demo_trains_both_llm_arms_on_policy_and_evaluates_them(tiny_demo):
+    out, summary, lines = tiny_demo
+    assert list(summary["llm"]["arms"]) == ["frozen", "vs_prob"]
+    for arm in ("frozen", "vs_prob"):
+        record = json.loads((out / "llm" / arm / "metrics.jsonl").read_text().splitlines()[0])
+        assert record["train_agent"]["logprob_gap"] < 1e-4, "the learner scores exactly the sampled tokens"
+        assert record["train_agent"]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        evaluation = json.loads((out / "llm" / arm / "eval" / "eval.json").read_text())
+        assert evaluation["heldout"]["simulators"] == ["a", "b"] and evaluation["heldout"]["episodes"] == 2 * demo.HELDOUT_TASKS
+    assert "verbalized_sampling" in json.loads((out / "llm" / "vs_prob" / "metrics.jsonl").read_text().splitlines()[0])["simulator"]
+    parts = [line for line in lines if line.startswith("[")]
+    assert parts[0].startswith("[1/3 effect]") and parts[-1].startswith("[3/3 report]")
+    assert all(re.search(r"\| \d+ s elapsed, ~\d+ s left$", line) for line in parts), parts
+
+
+def test_report_html_embeds_every_plot_and_holds_every_table(tiny_demo):
+    out, _, _ = tiny_demo
+    text = (out / "report.md").read_text()
+    for heading in ("## 1. The effect", "## 2. The same algorithms on the real LLM", "## 3. Where to go next"):
+        assert heading in text
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert sorted(images) == ["effect/collapse.png", "llm/collapse.png", "llm/heldout.png"]
+    page = read_page(out / "report.html")
+    assert len(page.images) == len(images) and not page.links
+    for src, name in zip(page.images, images):
+        assert src.startswith("data:image/png;base64,"), src[:40]
+        assert base64.b64decode(src.split(",", 1)[1]) == (out / name).read_bytes()
+    tables = markdown_tables(text)
+    assert page.tables == len(tables) >= 5
+    for header in tables:
+        assert all(cell in page.headers for cell in header), header
+    assert "held-out - single" in page.headers and "log-prob gap" in page.headers
+
+
+def test_html_names_an_image_that_was_never_written(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"missing\.png, which was not written"):
+        markdown_to_html("![plot](missing.png)\n", tmp_path, "t")
+
+
+def test_progress_scales_reference_times_by_gemm_and_corrects_itself():
+    now = [0.0]
+    lines: list[str] = []
+    progress = demo.Progress([("a", 10.0), ("b", 20.0)], gflops=2 * demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0])
+    assert progress.remaining() == pytest.approx(15.0), "twice the reference GEMM: half the reference time"
+    now[0] = 10.0  # stage a took twice its 5 s estimate: the rest is estimated twice as long too
+    progress.done("a", "[a] done")
+    assert progress.remaining() == pytest.approx(20.0)
+    assert lines == ["[a] done | 10 s elapsed, ~20 s left"]
+    progress.skip("b")
+    assert progress.remaining() == 0.0
+
+
+def test_time_limit_is_five_minutes_at_70_gflops():
+    assert demo.time_limit(70.0) == 300.0
+    assert demo.time_limit(342.0) == pytest.approx(61.4, abs=0.1)
+
+
+@pytest.mark.slow
+def test_scope_demo_on_the_embedded_model_from_an_empty_cache(tmp_path):
+    """The README's main job, end to end through the CLI, converting the model into an empty cache."""
+    env = {**os.environ, "SCOPE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "scope_marl.cli", "demo", "--out", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    match = RESULT.match(last)
+    assert match, last
+    _, _, change, vs_low, cotrain_low = map(float, match.groups())
+    assert change < 0 and vs_low > 0 and cotrain_low > 0, last
+    assert "converting the embedded model in a second process" in done.stdout
+    for name in (
+        "report.md",
+        "report.html",
+        "effect/collapse.png",
+        "llm/heldout.png",
+        "llm/frozen/eval/eval.json",
+        "llm/vs_prob/eval/eval.json",
+    ):
+        assert (tmp_path / "demo" / name).exists(), name
+    assert "Converting and de-quantizing" not in done.stdout + done.stderr, "the conversion's progress bars stay out of the demo's lines"
