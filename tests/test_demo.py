@@ -118,7 +118,10 @@ def test_demo_trains_both_llm_arms_on_policy_and_evaluates_them(tiny_demo):
         assert evaluation["heldout"]["simulators"] == ["a", "b"] and evaluation["heldout"]["episodes"] == 2 * demo.HELDOUT_TASKS
     assert "verbalized_sampling" in json.loads((out / "llm" / "vs_prob" / "metrics.jsonl").read_text().splitlines()[0])["simulator"]
     parts = [line for line in lines if line.startswith("[")]
-    assert parts[0].startswith("[1/3 effect]") and parts[-1].startswith("[3/3 report]")
+    assert sum(line.startswith("[1/3 effect]") for line in parts) == 1 and parts[-1].startswith("[3/3 report]")
+    for arm in ("frozen", "vs_prob"):  # each lane's stages, in order, whichever process ran them
+        mine = [line for line in parts if line.startswith(f"[2/3 llm] {arm}")]
+        assert [line.split(":")[0].split(" ", 2)[-1] for line in mine] == [arm, f"{arm} step 1/1", f"{arm} on 2 held-out simulators"]
     assert all(re.search(r"\| \d+ s elapsed, ~\d+ s left$", line) for line in parts), parts
 
 
@@ -149,14 +152,16 @@ def test_html_names_an_image_that_was_never_written(tmp_path):
 def test_progress_scales_reference_times_by_gemm_and_corrects_itself():
     now = [0.0]
     lines: list[str] = []
-    progress = demo.Progress([("a", 10.0), ("b", 20.0)], gflops=2 * demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0])
-    assert progress.remaining() == pytest.approx(15.0), "twice the reference GEMM: half the reference time"
+    lanes = {"main": [("a", 10.0), ("b", 20.0)], "worker": [("c", 16.0)]}
+    progress = demo.Progress(lanes, gflops=2 * demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0])
+    assert progress.remaining() == pytest.approx(15.0), "twice the reference GEMM: half the reference time of the longest lane"
     now[0] = 10.0  # stage a took twice its 5 s estimate: the rest is estimated twice as long too
-    progress.done("a", "[a] done")
-    assert progress.remaining() == pytest.approx(20.0)
+    progress.done("main", "a", "[a] done")
+    assert progress.remaining() == pytest.approx(20.0), "main: 20 s of reference left, x 0.5 for GEMM, x 2 for the correction"
     assert lines == ["[a] done | 10 s elapsed, ~20 s left"]
-    progress.skip("b")
-    assert progress.remaining() == 0.0
+    now[0] = 12.0
+    progress.done("main", "b", "[b] done")  # 2 s against 10 estimated: the lanes' totals set the correction
+    assert progress.remaining() == pytest.approx(8.0 * 12.0 / 15.0)
 
 
 def test_time_limit_is_five_minutes_at_70_gflops():
@@ -181,7 +186,7 @@ def test_scope_demo_on_the_embedded_model_from_an_empty_cache(tmp_path):
     assert match, last
     _, _, change, vs_low, cotrain_low = map(float, match.groups())
     assert change < 0 and vs_low > 0 and cotrain_low > 0, last
-    assert "converting the embedded model in a second process" in done.stdout
+    assert "embedded model converted into the cache" in done.stdout
     for name in (
         "report.md",
         "report.html",

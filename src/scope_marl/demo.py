@@ -10,9 +10,10 @@
    effect, and the report says so.
 3. **Where to go next**: the commands for longer runs.
 
-The model conversion (first run only) runs in a second process while the lab plays, since both are
-single-threaded. :class:`Progress` prints a line per stage with the elapsed time and an estimate of
-what remains, from each stage's cost on a reference machine scaled by this machine's GEMM speed.
+Two processes share the two cores: this one runs the lab, then the frozen arm; a second one converts
+the model (first run only), then trains the VS arm. :class:`Progress` prints a line per stage with the
+elapsed time and an estimate of what remains, from each stage's cost on a reference machine scaled by
+this machine's GEMM speed.
 Writes ``report.md``, a self-contained ``report.html``, the plots, the lab's results under
 ``effect/``, one run directory per LLM arm under ``llm/``, and ``demo.json`` with every figure.
 """
@@ -20,11 +21,13 @@ Writes ``report.md``, a self-contained ``report.html``, the plots, the lab's res
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from scope_marl.config import TrainConfig
@@ -47,10 +50,10 @@ HELDOUT_TASKS = 4
 
 # ---- time estimates ------------------------------------------------------------------------------
 # Seconds each stage took on the reference machine (2 cores, torch fp32 GEMM at REFERENCE_GFLOPS),
-# measured with `scope demo` and an empty $SCOPE_CACHE. A stage's estimate here is its reference time
+# measured with `scope demo` from an empty $SCOPE_CACHE. A stage's estimate here is its reference time
 # scaled by REFERENCE_GFLOPS / this machine's GEMM, then by how the stages so far compared with theirs.
-REFERENCE_GFLOPS = 140.0
-REFERENCE_SECONDS = {"effect": 21.0, "convert": 12.0, "start": 6.0, "step:frozen": 12.0, "step:vs_prob": 18.0, "eval": 10.0, "report": 4.0}
+REFERENCE_GFLOPS = 134.0
+REFERENCE_SECONDS = {"effect": 27.0, "convert": 23.0, "start": 2.0, "step:frozen": 18.0, "step:vs_prob": 23.0, "eval": 23.0, "report": 3.0}
 TIME_LIMIT_AT_70 = 300.0  # the promise: 5 minutes on a 70 GFLOP/s machine, i.e. 300 x 70 / G seconds here
 
 
@@ -62,65 +65,86 @@ def time_limit(gflops: float) -> float:
 class Progress:
     """Elapsed time and what remains, as lines: ``[2/3 llm] frozen step 1/2 ... | 52 s elapsed, ~80 s left``.
 
-    ``stages`` lists the stages still to run with their reference seconds; the estimate of what
-    remains is their sum scaled to this machine's GEMM speed, times the ratio of actual to estimated
-    time over the stages done so far (so a machine slower than its GEMM suggests is caught early).
+    Stages run in lanes (the demo's two processes); each lane lists its stages with their reference
+    seconds. What remains is the longest lane's pending reference time, scaled to this machine's GEMM
+    speed and by the ratio of actual to estimated time over the stages done so far (so a machine slower
+    than its GEMM suggests is caught early). Thread-safe: the other process's events arrive on a thread.
     """
 
-    def __init__(self, stages: list[tuple[str, float]], gflops: float, log: Callable[[str], None], clock=time.perf_counter):
-        self.pending = list(stages)
+    def __init__(self, lanes: dict[str, list[tuple[str, float]]], gflops: float, log: Callable[[str], None], clock=time.perf_counter):
+        self.pending = {lane: list(stages) for lane, stages in lanes.items()}
         self.scale = REFERENCE_GFLOPS / gflops
         self.log, self.clock = log, clock
-        self.started = self.last = clock()
+        self.started = clock()
+        self.last = dict.fromkeys(lanes, self.started)
         self.actual = self.estimated = 0.0
+        self.lock = threading.Lock()
 
     def remaining(self) -> float:
         correction = self.actual / self.estimated if self.estimated else 1.0
-        return correction * self.scale * sum(seconds for _, seconds in self.pending)
+        return correction * self.scale * max((sum(s for _, s in stages) for stages in self.pending.values()), default=0.0)
 
     def elapsed(self) -> float:
         return self.clock() - self.started
 
-    def done(self, stage: str, message: str) -> None:
-        """Mark ``stage`` finished (the first pending stage of that name) and print ``message`` with the times."""
-        now = self.clock()
-        index = next(i for i, (name, _) in enumerate(self.pending) if name == stage)
-        _, reference = self.pending.pop(index)
-        self.actual += now - self.last
-        self.estimated += reference * self.scale
-        self.last = now
-        self.log(f"{message} | {self.elapsed():.0f} s elapsed, ~{self.remaining():.0f} s left")
-
-    def skip(self, stage: str) -> None:
-        self.pending = [(name, s) for name, s in self.pending if name != stage]
+    def done(self, lane: str, stage: str, message: str) -> None:
+        """Mark the first pending ``stage`` of ``lane`` finished and print ``message`` with the times."""
+        with self.lock:
+            now = self.clock()
+            stages = self.pending[lane]
+            _, reference = stages.pop(next(i for i, (name, _) in enumerate(stages) if name == stage))
+            self.actual += now - self.last[lane]
+            self.estimated += reference * self.scale
+            self.last[lane] = now
+            self.log(f"{message} | {self.elapsed():.0f} s elapsed, ~{self.remaining():.0f} s left")
 
 
-# ---- the model conversion, beside the lab --------------------------------------------------------
+def plan(arm: str, steps: int) -> list[tuple[str, float]]:
+    """One LLM arm's stages: start, its steps, its held-out evaluation."""
+    step = (f"step:{arm}", REFERENCE_SECONDS[f"step:{arm}"])
+    return [("start", REFERENCE_SECONDS["start"]), *[step] * steps, ("eval", REFERENCE_SECONDS["eval"])]
 
 
-def _convert() -> str:
+# ---- the second process --------------------------------------------------------------------------
+# Two lanes share the two cores: this process runs the lab, then the frozen arm; a second process
+# converts the embedded model (first run only), then trains the VS arm. Both run torch on one thread:
+# decoding is bound by memory bandwidth (one thread decodes as fast as two), so two arms side by side
+# take little longer than one.
+WORKER_LANE, MAIN_LANE = "worker", "main"
+_events = None  # in the second process: the queue its progress events go to
+
+
+def _worker_init(events) -> None:
+    global _events
     import torch
 
+    torch.set_num_threads(1)
+    _events = events
+
+
+def _worker_convert() -> str:
     from scope_marl.backends.embedded import converted_model_dir
 
-    torch.set_num_threads(1)  # the lab runs on the other core
     with contextlib.redirect_stderr(io.StringIO()):  # transformers' progress bars would cut into the demo's lines
-        return str(converted_model_dir())
+        path = str(converted_model_dir())
+    _events.put((WORKER_LANE, "convert", "[2/3 llm] embedded model converted into the cache"))
+    return path
 
 
-def convert_in_background(model: str) -> Future | None:
-    """Start converting the embedded model in a second process if it is not converted yet (None: nothing to do)."""
+def _worker_arm(arm: str, steps: int, model: str, panel: Panel, out: Path) -> dict:
+    return train_and_evaluate(arm, steps, model, panel, out, lambda stage, message: _events.put((WORKER_LANE, stage, message)))
+
+
+def needs_conversion(model: str) -> bool:
+    """Whether the embedded model still has to be converted (a missing wheel fails here, with the install command)."""
     if model != "embedded":
-        return None
+        return False
     from scope_marl.backends.embedded import CACHE_NAME, locate_gguf, scope_cache_dir
 
     if (scope_cache_dir() / CACHE_NAME / "config.json").exists():
-        return None
-    locate_gguf()  # a missing wheel fails now, with the install command, not after the lab
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    future = pool.submit(_convert)
-    pool.shutdown(wait=False)
-    return future
+        return False
+    locate_gguf()
+    return True
 
 
 # ---- configs -------------------------------------------------------------------------------------
@@ -134,7 +158,7 @@ def arm_config(arm: str, steps: int, model: str = "embedded") -> TrainConfig:
             "agent_sampling": TRAIN_SAMPLING,
             "simulator": {**ARMS[arm], "model": model},
             "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-            "learner": {"lr": 1e-4, "kl_coef": 0.01},
+            "learner": {"lr": 1e-4, "kl_coef": 0.01, "token_budget": 512},  # two streams per micro-batch: less memory, two processes
             "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
             "tasks_per_step": 2,
             "steps": steps,
@@ -189,36 +213,56 @@ def run_demo(
     """All three parts into a fresh ``out``; returns the summary written to ``demo.json``, plus the lab's results.
 
     ``model``, ``panel`` and ``lab_settings`` exist for tests (a tiny model, a shorter lab)."""
+    import torch
+
     from scope_marl.core.machine import gemm_gflops
     from scope_marl.lab.run import run_lab
 
     started = time.perf_counter()
-    gflops = gemm_gflops(repeats=2, best_of=4)
+    gflops = gemm_gflops(repeats=1, best_of=10)
     out = fresh_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    conversion = convert_in_background(model)
-    stages = [("effect", REFERENCE_SECONDS["effect"]), ("convert", REFERENCE_SECONDS["convert"])]
-    for arm in ARMS:
-        stages += [("start", REFERENCE_SECONDS["start"])] + [(f"step:{arm}", REFERENCE_SECONDS[f"step:{arm}"])] * steps
-        stages.append(("eval", REFERENCE_SECONDS["eval"]))
-    stages.append(("report", REFERENCE_SECONDS["report"]))
-    progress = Progress(stages, gflops, log)
-    if conversion is None:
-        progress.skip("convert")
+    panel = demo_panel(panel)
+    convert = needs_conversion(model)
+    main_arm, worker_arm = ARMS  # the frozen arm here, the heavier VS arm beside the model conversion
+    lanes = {
+        MAIN_LANE: [("effect", REFERENCE_SECONDS["effect"]), *plan(main_arm, steps), ("report", REFERENCE_SECONDS["report"])],
+        WORKER_LANE: [("convert", REFERENCE_SECONDS["convert"])] * convert + plan(worker_arm, steps),
+    }
+    progress = Progress(lanes, gflops, log)
     log(
         f"scope demo -> {out}  (torch GEMM {gflops:.0f} GFLOP/s; the target on this machine is {time_limit(gflops):.0f} s; "
         f"~{progress.remaining():.0f} s estimated)"
     )
-    if conversion is not None:
-        log("converting the embedded model in a second process while the lab runs (first run only)")
+    log(
+        f"two processes: the collapse lab, then the {main_arm} arm | "
+        + ("the model conversion (first run only), then " if convert else "")
+        + f"the {worker_arm} arm"
+    )
 
-    lab = run_lab("theory", seeds=seeds, out=out / "effect", log=lambda _: None, settings=lab_settings)
-    progress.done("effect", f"[1/3 effect] collapse lab: {len(lab['arms'])} arms x {seeds} seeds in {lab['seconds']:.0f} s")
-    if conversion is not None:
-        conversion.result()  # raises the conversion's own error, if any
-        progress.done("convert", "[2/3 llm] embedded model converted into the cache")
-
-    llm = run_llm_part(out / "llm", steps, model, demo_panel(panel), progress)
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    listener = threading.Thread(target=_relay, args=(events, progress), daemon=True)
+    listener.start()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_init, initargs=(events,)) as pool:
+            conversion = pool.submit(_worker_convert) if convert else None
+            worker = pool.submit(_worker_arm, worker_arm, steps, model, panel, out / "llm")
+            lab = run_lab("theory", seeds=seeds, out=out / "effect", log=lambda _: None, settings=lab_settings)
+            progress.done(
+                MAIN_LANE, "effect", f"[1/3 effect] collapse lab: {len(lab['arms'])} arms x {seeds} seeds in {lab['seconds']:.0f} s"
+            )
+            if conversion is not None:
+                conversion.result()  # the main lane's arm needs the converted model too
+            arms = {main_arm: train_and_evaluate(main_arm, steps, model, panel, out / "llm", functools.partial(progress.done, MAIN_LANE))}
+            arms[worker_arm] = worker.result()  # raises the other process's error, if any
+    finally:
+        torch.set_num_threads(threads)
+        events.put(None)
+        listener.join()
+    llm = {"steps": steps, "panel": [s.id for s in panel.simulators], "arms": {arm: arms[arm] for arm in ARMS}}
     result = {
         "seconds": None,
         "gemm_gflops": gflops,
@@ -229,41 +273,43 @@ def run_demo(
     }
     summary = {"out": str(out), "result": result, "lab_seconds": lab["seconds"], "llm": llm}
     write_demo_report(out, lab, llm, summary)
-    progress.done("report", f"[3/3 report] {out / 'report.md'} and {out / 'report.html'}")
+    progress.done(MAIN_LANE, "report", f"[3/3 report] {out / 'report.md'} and {out / 'report.html'}")
     result["seconds"] = time.perf_counter() - started
     files.write_json(out / "demo.json", summary)
     return {**summary, "lab": lab}
 
 
-def run_llm_part(out: Path, steps: int, model: str, panel: Panel, progress: Progress) -> dict:
-    """Train each arm ``steps`` GRPO steps, then play the held-out panel; per arm its step records and evaluation."""
+def _relay(events, progress: Progress) -> None:
+    """Print the second process's progress events as they come (until the None that ends them)."""
+    while (event := events.get()) is not None:
+        progress.done(*event)
+
+
+def train_and_evaluate(arm: str, steps: int, model: str, panel: Panel, out: Path, report: Callable[[str, str], None]) -> dict:
+    """Train one arm ``steps`` GRPO steps into ``out/arm``, then play the held-out panel; its step records and evaluation."""
     from scope_marl.evaluation.evaluate import write_results
     from scope_marl.experiment import evaluate_trainer, start
 
-    arms = {}
-    for arm in ARMS:
-        trainer = start(arm_config(arm, steps, model), out / arm)
-        progress.done("start", f"[2/3 llm] {arm}: model, simulator and LoRA adapter ready")
-        records = []
-        try:
-            while trainer.step < steps:
-                record = trainer.train_step()
-                records.append(record)
-                t = record["train_agent"]
-                progress.done(
-                    f"step:{arm}",
-                    f"[2/3 llm] {arm} step {record['step']}/{steps}: reward {record.get('reward_agent', {}).get('mean', float('nan')):.2f}, "
-                    f"ratio {t.get('ratio_mean', float('nan')):.4f}, log-prob gap {t.get('logprob_gap', float('nan')):.1e}",
-                )
-        finally:
-            trainer.close()
-        evaluation = evaluate_trainer(trainer, panel, log=lambda _: None)
-        write_results(evaluation, out / arm / "eval")
-        held = evaluation["heldout"]["reward"]
-        progress.done("eval", f"[2/3 llm] {arm} on {len(panel.simulators)} held-out simulators: reward {held['mean']:.2f}")
-        arms[arm] = {"records": records, "heldout": evaluation["heldout"]}
-        del trainer, evaluation  # one arm's model in memory at a time
-    return {"steps": steps, "panel": [s.id for s in panel.simulators], "arms": arms}
+    trainer = start(arm_config(arm, steps, model), out / arm)
+    report("start", f"[2/3 llm] {arm}: model, simulator and LoRA adapter ready")
+    records = []
+    try:
+        while trainer.step < steps:
+            record = trainer.train_step()
+            records.append(record)
+            t = record["train_agent"]
+            report(
+                f"step:{arm}",
+                f"[2/3 llm] {arm} step {record['step']}/{steps}: reward {record.get('reward_agent', {}).get('mean', float('nan')):.2f}, "
+                f"ratio {t.get('ratio_mean', float('nan')):.4f}, log-prob gap {t.get('logprob_gap', float('nan')):.1e}",
+            )
+    finally:
+        trainer.close()
+    evaluation = evaluate_trainer(trainer, panel, log=lambda _: None)
+    write_results(evaluation, out / arm / "eval")
+    held = evaluation["heldout"]["reward"]
+    report("eval", f"[2/3 llm] {arm} on {len(panel.simulators)} held-out simulators: reward {held['mean']:.2f}")
+    return {"records": records, "heldout": evaluation["heldout"]}
 
 
 # ---- the report ----------------------------------------------------------------------------------
