@@ -150,13 +150,15 @@ def needs_conversion(model: str) -> bool:
 # ---- configs -------------------------------------------------------------------------------------
 
 
-def arm_config(arm: str, steps: int, model: str = "embedded") -> TrainConfig:
+def arm_config(arm: str, steps: int, model: str = "embedded", **overrides) -> TrainConfig:
+    """The config of one LLM arm of the demo; ``overrides`` replace top-level fields (longer runs in
+    scripts/example_report.py; an arm not in :data:`ARMS` names its own ``simulator``)."""
     return TrainConfig.model_validate(
         {
             "model": model,
             "env": ENV,
             "agent_sampling": TRAIN_SAMPLING,
-            "simulator": {**ARMS[arm], "model": model},
+            "simulator": {**ARMS.get(arm, {}), "model": model},
             "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
             "learner": {"lr": 1e-4, "kl_coef": 0.01, "token_budget": 512},  # two streams per micro-batch: less memory, two processes
             "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
@@ -165,6 +167,7 @@ def arm_config(arm: str, steps: int, model: str = "embedded") -> TrainConfig:
             "eval": {"every": 0},
             "checkpoint_every": steps,
             "seed": 0,
+            **overrides,
         }
     )
 
