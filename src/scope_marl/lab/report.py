@@ -102,7 +102,13 @@ def headline(results: dict) -> list[str]:
         f"{format_interval(change['train_reward'], True)}, while its reward against the held-out panel changes by "
         f"{format_interval(change['heldout_reward'], True)} and its policy entropy by {format_interval(change['policy_entropy'], True)}."
     ]
-    names = {"vs_prob": "Verbalized Sampling (prob)", "cotrain": "co-training", "population": "population co-training"}
+    names = {
+        "rotation": "rotation over three LLMs",
+        "vs_prob": "Verbalized Sampling (prob)",
+        "vs_random": "Verbalized Sampling (random)",
+        "cotrain": "co-training",
+        "population": "population co-training",
+    }
     gains = [
         f"{names.get(arm, arm)} {format_interval(stats['heldout_vs_single'], True)}"
         for arm, stats in r.items()
