@@ -215,7 +215,9 @@ def run_demo(
 ) -> dict:
     """All three parts into a fresh ``out``; returns the summary written to ``demo.json``, plus the lab's results.
 
-    ``model``, ``panel`` and ``lab_settings`` exist for tests (a tiny model, a shorter lab)."""
+    ``model``, ``panel`` and ``lab_settings`` exist for tests (a tiny model, a shorter lab). The second
+    lane is a spawned process, so a script that calls this needs the usual ``if __name__ == "__main__":``
+    guard."""
     import torch
 
     from scope_marl.core.machine import gemm_gflops
@@ -261,6 +263,10 @@ def run_demo(
                 conversion.result()  # the main lane's arm needs the converted model too
             arms = {main_arm: train_and_evaluate(main_arm, steps, model, panel, out / "llm", functools.partial(progress.done, MAIN_LANE))}
             arms[worker_arm] = worker.result()  # raises the other process's error, if any
+    except BaseException:
+        for child in multiprocessing.active_children():  # do not wait for the other lane's arm to finish
+            child.terminate()
+        raise
     finally:
         torch.set_num_threads(threads)
         events.put(None)
