@@ -153,7 +153,7 @@ def test_progress_scales_reference_times_by_gemm_and_corrects_itself():
     now = [0.0]
     lines: list[str] = []
     lanes = {"main": [("a", 10.0), ("b", 20.0)], "worker": [("c", 16.0)]}
-    progress = demo.Progress(lanes, gflops=2 * demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0])
+    progress = demo.Progress(lanes, gflops=2 * demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0], prior=0.0)
     assert progress.remaining() == pytest.approx(15.0), "twice the reference GEMM: half the reference time of the longest lane"
     now[0] = 10.0  # stage a took twice its 5 s estimate: the rest is estimated twice as long too
     progress.done("main", "a", "[a] done")
@@ -162,6 +162,10 @@ def test_progress_scales_reference_times_by_gemm_and_corrects_itself():
     now[0] = 12.0
     progress.done("main", "b", "[b] done")  # 2 s against 10 estimated: the lanes' totals set the correction
     assert progress.remaining() == pytest.approx(8.0 * 12.0 / 15.0)
+    damped = demo.Progress(lanes, gflops=2 * demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0], prior=20.0)
+    now[0] = 22.0  # 10 s for a 5 s stage: undamped the rest would double to 20 s; damped it moves part of the way
+    damped.done("main", "a", "[a] done")
+    assert 10.0 < damped.remaining() < 20.0
 
 
 def test_time_limit_is_five_minutes_at_70_gflops():

@@ -71,7 +71,15 @@ class Progress:
     than its GEMM suggests is caught early). Thread-safe: the other process's events arrive on a thread.
     """
 
-    def __init__(self, lanes: dict[str, list[tuple[str, float]]], gflops: float, log: Callable[[str], None], clock=time.perf_counter):
+    def __init__(
+        self,
+        lanes: dict[str, list[tuple[str, float]]],
+        gflops: float,
+        log: Callable[[str], None],
+        clock=time.perf_counter,
+        prior: float = 20.0,
+    ):
+        self.prior = prior  # estimated seconds the correction starts from, so one odd first stage cannot swing it
         self.pending = {lane: list(stages) for lane, stages in lanes.items()}
         self.scale = REFERENCE_GFLOPS / gflops
         self.log, self.clock = log, clock
@@ -81,7 +89,7 @@ class Progress:
         self.lock = threading.Lock()
 
     def remaining(self) -> float:
-        correction = self.actual / self.estimated if self.estimated else 1.0
+        correction = (self.actual + self.prior) / (self.estimated + self.prior) if self.estimated + self.prior else 1.0
         return correction * self.scale * max((sum(s for _, s in stages) for stages in self.pending.values()), default=0.0)
 
     def elapsed(self) -> float:
@@ -253,20 +261,22 @@ def run_demo(
     torch.set_num_threads(1)
     try:
         with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_init, initargs=(events,)) as pool:
-            conversion = pool.submit(_worker_convert) if convert else None
-            worker = pool.submit(_worker_arm, worker_arm, steps, model, panel, out / "llm")
-            lab = run_lab("theory", seeds=seeds, out=out / "effect", log=lambda _: None, settings=lab_settings)
-            progress.done(
-                MAIN_LANE, "effect", f"[1/3 effect] collapse lab: {len(lab['arms'])} arms x {seeds} seeds in {lab['seconds']:.0f} s"
-            )
-            if conversion is not None:
-                conversion.result()  # the main lane's arm needs the converted model too
-            arms = {main_arm: train_and_evaluate(main_arm, steps, model, panel, out / "llm", functools.partial(progress.done, MAIN_LANE))}
-            arms[worker_arm] = worker.result()  # raises the other process's error, if any
-    except BaseException:
-        for child in multiprocessing.active_children():  # do not wait for the other lane's arm to finish
-            child.terminate()
-        raise
+            try:
+                conversion = pool.submit(_worker_convert) if convert else None
+                worker = pool.submit(_worker_arm, worker_arm, steps, model, panel, out / "llm")
+                lab = run_lab("theory", seeds=seeds, out=out / "effect", log=lambda _: None, settings=lab_settings)
+                progress.done(
+                    MAIN_LANE, "effect", f"[1/3 effect] collapse lab: {len(lab['arms'])} arms x {seeds} seeds in {lab['seconds']:.0f} s"
+                )
+                if conversion is not None:
+                    conversion.result()  # the main lane's arm needs the converted model too
+                report = functools.partial(progress.done, MAIN_LANE)
+                arms = {main_arm: train_and_evaluate(main_arm, steps, model, panel, out / "llm", report)}
+                arms[worker_arm] = worker.result()  # raises the other process's error, if any
+            except BaseException:
+                for child in multiprocessing.active_children():  # the pool would wait for the other lane's arm
+                    child.terminate()
+                raise
     finally:
         torch.set_num_threads(threads)
         events.put(None)
