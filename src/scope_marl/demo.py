@@ -147,9 +147,9 @@ def needs_conversion(model: str) -> bool:
     """Whether the embedded model still has to be converted (a missing wheel fails here, with the install command)."""
     if model != "embedded":
         return False
-    from scope_marl.backends.embedded import CACHE_NAME, locate_gguf, scope_cache_dir
+    from scope_marl.backends.embedded import is_converted, locate_gguf
 
-    if (scope_cache_dir() / CACHE_NAME / "config.json").exists():
+    if is_converted():
         return False
     locate_gguf()
     return True

@@ -54,10 +54,20 @@ def load_tokenizer():
     return AutoTokenizer.from_pretrained(target)
 
 
+def converted_path() -> Path:
+    """Where the fp32 copy of the embedded model lives (it may not be converted yet)."""
+    return scope_cache_dir() / CACHE_NAME
+
+
+def is_converted() -> bool:
+    """Whether the fp32 copy exists (an interrupted conversion leaves none, see converted_model_dir)."""
+    return (converted_path() / "config.json").exists()
+
+
 def converted_model_dir() -> Path:
     """The fp32 transformers copy of the embedded model, converting it on first use."""
-    target = scope_cache_dir() / CACHE_NAME
-    if (target / "config.json").exists():
+    target = converted_path()
+    if is_converted():
         return target
     import torch
     from transformers import LlamaForCausalLM
