@@ -336,10 +336,8 @@ def train_and_evaluate(arm: str, steps: int, model: str, panel: Panel, out: Path
 
 def result_line(result: dict) -> str:
     """The RESULT line ``scope demo`` ends with (plain decimals, as every bench script's)."""
-    keys = ("seconds", "gemm_gflops", "single_heldout_change", "vs_prob_over_single_low", "cotrain_over_single_low")
-    return "RESULT " + " ".join(
-        f"{key}={result[key]:.4f}" if key not in ("seconds", "gemm_gflops") else f"{key}={result[key]:.1f}" for key in keys
-    )
+    digits = {"seconds": 1, "gemm_gflops": 1, "single_heldout_change": 4, "vs_prob_over_single_low": 4, "cotrain_over_single_low": 4}
+    return "RESULT " + " ".join(f"{key}={result[key]:.{n}f}" for key, n in digits.items())
 
 
 def write_demo_report(out: Path, lab: dict, llm: dict, summary: dict) -> Path:
