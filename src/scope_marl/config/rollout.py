@@ -26,6 +26,12 @@ class RolloutConfig(Section):
         "fail",
         description="an empty or whitespace-only simulator reply ends the episode FAILED (a malformed turn), or is kept as a silent turn",
     )
+    max_tool_calls: int = Field(
+        30, ge=0, description="tool calls per episode, all roles together; one more ends the episode TRUNCATED (environments with tools)"
+    )
+    max_steps: int | None = Field(
+        None, ge=1, description="messages per episode, tool results included; reaching it ends the episode TRUNCATED (None: no cap)"
+    )
     progress: bool = True
 
 

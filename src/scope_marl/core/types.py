@@ -9,7 +9,28 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+TOOL = "tool"  # the role of a message that carries a tool's result back to the role that called it
+
+
+def _omit_none(data: dict, keys: tuple[str, ...]) -> dict:
+    """Leave optional fields out of the JSON while unset, so records written before they existed
+    and records of environments without tools keep their exact bytes."""
+    for key in keys:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
+
+
+class ToolCall(BaseModel):
+    """One call of an environment tool (the OpenAI function-call shape): ``arguments`` is a JSON object."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
 
 
 class Message(BaseModel):
@@ -18,12 +39,29 @@ class Message(BaseModel):
     In a chat prompt handed to a backend, ``role`` is a chat role (``system``, ``user``,
     ``assistant``). In an :class:`Episode`, ``role`` names the environment role that spoke
     (e.g. ``agent`` or ``user``); each model later sees its own messages as ``assistant``.
+
+    Tool use: a turn that calls tools carries ``tool_calls`` (a list, empty when every call in it
+    failed to parse) and goes to the environment, not to the other side (``content`` is whatever
+    text came with the calls). The environment answers each call
+    with a message of role ``tool`` naming the call (``tool_call_id``) and who made it
+    (``requestor``); ``error`` marks a call that failed or did not parse. ``raw`` keeps a model's
+    verbatim output when ``content`` is only part of it (the text around its tool-call markup), so
+    the model's own context shows exactly what it wrote.
     """
 
     model_config = ConfigDict(frozen=True)
 
     role: str
     content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    requestor: str | None = None
+    error: bool | None = None
+    raw: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler):
+        return _omit_none(handler(self), ("tool_calls", "tool_call_id", "requestor", "error", "raw"))
 
 
 class SamplingParams(BaseModel):
@@ -96,3 +134,8 @@ class Episode(BaseModel):
     error: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)  # seconds, by phase
+    tool_errors: int | None = None  # tool calls that did not parse (None: the environment has no tools)
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler):
+        return _omit_none(handler(self), ("tool_errors",))

@@ -3,6 +3,10 @@
 An environment knows nothing about models. It is a small, picklable object: the engine (or a Ray
 actor hosting it) asks it for tasks, for each role's system prompt, who speaks first, whether the
 conversation goes on after each message, and the per-role rewards once it ends.
+
+Environments with tools (tau2) also describe each role's tools as JSON schemas (the OpenAI function
+format), open a per-episode state (a database) and execute calls against it. How a model reads the
+schemas and writes a call is the model side's business (``backends.tool_format``), not theirs.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scope_marl.core.types import Message
+from scope_marl.core.types import TOOL, Message, ToolCall
 
 AGENT = "agent"  # the policy being trained
 USER = "user"  # the side a simulator plays
@@ -52,6 +56,23 @@ class Environment(ABC):
     def rewards(self, task: Task, messages: Sequence[Message]) -> dict[str, float]:
         """Per-role rewards of a finished conversation."""
 
+    def opening(self, task: Task) -> list[Message]:
+        """Messages that stand at the start of every episode before anyone generates (tau2: the
+        agent's fixed greeting); default: none."""
+        return []
+
+    def tools(self, task: Task, role: str) -> list[dict]:
+        """The tools ``role`` may call, as OpenAI function schemas; default: none."""
+        return []
+
+    def start(self, task: Task) -> Any:
+        """A fresh per-episode state the tools act on (e.g. a database); default: none. The engine keeps it."""
+        return None
+
+    def execute(self, task: Task, state: Any, role: str, call: ToolCall) -> Message:
+        """Run one tool call of ``role`` on ``state``; returns the ``tool`` message answering it."""
+        raise NotImplementedError(f"{self.name} has no tools; {role} called {call.name!r}")
+
     def normalize_user_reply(self, task: Task, text: str) -> str:
         """Bring a candidate user reply in line with the environment's rules (default: unchanged)."""
         return text
@@ -75,7 +96,18 @@ class Environment(ABC):
 
 
 def role_view(messages: Sequence[Message], role: str, system_prompt: str) -> list[Message]:
-    """The chat a model playing ``role`` sees: its own messages as ``assistant``, the other side's as ``user``."""
+    """The chat a model playing ``role`` sees: its own messages as ``assistant``, the other side's as ``user``.
+
+    With tools, each role sees only its own calls and their results (role ``tool``); a turn that
+    called tools went to the environment, so the other side never sees it.
+    """
     chat = [Message(role="system", content=system_prompt)]
-    chat += [Message(role="assistant" if m.role == role else "user", content=m.content) for m in messages]
+    for m in messages:
+        if m.role == TOOL:
+            if m.requestor == role:
+                chat.append(m)
+        elif m.role == role:
+            chat.append(m.model_copy(update={"role": "assistant"}))
+        elif m.tool_calls is None:  # a call turn (even one whose calls all failed to parse) is not for the other side
+            chat.append(Message(role="user", content=m.content))
     return chat

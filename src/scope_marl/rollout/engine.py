@@ -7,8 +7,14 @@ each role's :class:`StreamBuilder` (token-in-token-out) with the conversation as
 key, so a turn only prefills what the other role said since. Other simulators (scripted, discrete)
 answer through :meth:`Simulator.respond`.
 
-Episodes end COMPLETED when the environment says so, TRUNCATED when a turn hits its token limit
-or the context is full, FAILED when a backend raises for that episode (a failing batch is retried
+Environments with tools: a role's turn may call tools (``backends.tool_format`` renders the schemas
+into its prompt and parses the calls back). The environment executes each call on the episode's own
+state and the results enter the caller's context as ``tool`` messages (masked out of its stream);
+the same role then goes on until it speaks to the other side. A call that does not parse is
+answered with an error result and counted in ``Episode.tool_errors``; it never stops the batch.
+
+Episodes end COMPLETED when the environment says so, TRUNCATED when a turn hits its token limit,
+the context is full or a per-episode cap (tool calls, steps) is reached, FAILED when a backend raises for that episode (a failing batch is retried
 row by row, so one bad request does not take its neighbours down) or the simulator's reply is
 empty. All are recorded. Every text is cleaned where it enters an episode (``core.text``), so an
 episode can always be written.
@@ -21,15 +27,17 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from scope_marl.backends.base import Generation, TokenChatModel
 from scope_marl.backends.seat import Seat
+from scope_marl.backends.tool_format import ParsedTurn, parse_tool_calls, tool_chat
 from scope_marl.config.rollout import RolloutConfig
 from scope_marl.core.seeds import derive_seed
 from scope_marl.core.text import clean
-from scope_marl.core.types import Episode, EpisodeStatus, Message
+from scope_marl.core.types import TOOL, Episode, EpisodeStatus, Message
 from scope_marl.envs.base import AGENT, USER, Environment, Task, role_view
 from scope_marl.rollout.streams import StreamBuilder
 from scope_marl.simulators.base import Response, Simulator, SimulatorTurn
@@ -48,6 +56,8 @@ class _Live:
     next_role: str
     started: float
     builders: dict[str, StreamBuilder] = field(default_factory=dict)
+    state: Any = None  # the environment's per-episode state that tools act on
+    tool_calls: int = 0
 
 
 @dataclass
@@ -92,7 +102,8 @@ class RolloutEngine:
             while queue and len(live) < self.config.max_concurrent:
                 entry = queue.popleft()
                 entry.started = time.perf_counter()
-                live.append(entry)
+                if self._open(entry):
+                    live.append(entry)
             self._tick(live)
             finished = [e for e in live if e.next_role == ""]
             live = [e for e in live if e.next_role != ""]
@@ -119,6 +130,7 @@ class RolloutEngine:
             simulator = self.simulator.for_group(self._groups_started)
             group_id = f"{task.task_id}#{self._groups_started}"
             self._groups_started += 1
+            has_tools = any(self.env.tools(task, role) for role in self.env.roles)
             for r in range(self.config.group_size):
                 episode = Episode(
                     episode_id=f"{group_id}/{r}",
@@ -126,11 +138,23 @@ class RolloutEngine:
                     group_id=group_id,
                     simulator_id=simulator.simulator_id,
                     split=task.split,
+                    messages=self.env.opening(task),
                     metadata={"simulator": simulator.identity()},
                     timings={"generate_s": 0.0},
+                    tool_errors=0 if has_tools else None,
                 )
                 out.append(_Live(episode, task, simulator, self.env.first_speaker(task), 0.0))
         return out
+
+    def _open(self, entry: _Live) -> bool:
+        """Give an episode that goes live its own environment state (opened late, so at most
+        ``max_concurrent`` states exist at once). False: it could not start and is recorded FAILED."""
+        try:
+            entry.state = self.env.start(entry.task)
+            return True
+        except Exception as err:
+            self._end(entry, EpisodeStatus.FAILED, f"the environment could not start the task ({type(err).__name__}: {err})")
+            return False
 
     def _end(self, entry: _Live, status: EpisodeStatus, error: str | None = None) -> None:
         episode = entry.episode
@@ -147,6 +171,7 @@ class RolloutEngine:
                 episode.streams[role] = builder.stream
         episode.timings["total_s"] = time.perf_counter() - entry.started
         entry.next_role = ""
+        entry.state = None
 
     @staticmethod
     def _cleaned(entry: _Live, value):
@@ -160,19 +185,75 @@ class RolloutEngine:
     def _record(self, entry: _Live, role: str, text: str, view: list[Message] | None, gen: Generation | None) -> None:
         """Append one message and decide whether the episode goes on."""
         text = self._cleaned(entry, text)
-        entry.episode.messages.append(Message(role=role, content=text))
+        tools = self.env.tools(entry.task, role)
+        parsed = parse_tool_calls(text, f"{role}-{len(entry.episode.messages)}") if tools else None
+        if parsed is not None and parsed.has_calls:
+            entry.episode.messages.append(
+                Message(role=role, content=parsed.content, tool_calls=parsed.calls, raw=text if text != parsed.content else None)
+            )
+        else:
+            entry.episode.messages.append(Message(role=role, content=text))
+            parsed = None
         if gen is not None and role in entry.builders:
             entry.builders[role].add_turn([*view, Message(role="assistant", content=text)], gen)
-        if role == USER and not text.strip() and self.config.on_empty_reply == "fail":
+        if role == USER and parsed is None and not text.strip() and self.config.on_empty_reply == "fail":
             self._end(entry, EpisodeStatus.FAILED, EMPTY_REPLY)
         elif gen is not None and gen.finish_reason == "length" and self.config.on_turn_limit == "truncate":
             self._end(entry, EpisodeStatus.TRUNCATED, f"{role} turn hit its token limit")
+        elif parsed is not None:
+            self._run_tools(entry, role, parsed)
+        elif self._over_steps(entry):
+            pass
         elif self.env.is_done(entry.task, entry.episode.messages):
             self._end(entry, EpisodeStatus.COMPLETED)
         else:
             entry.next_role = self.env.other(role)
 
+    def _run_tools(self, entry: _Live, role: str, parsed: ParsedTurn) -> None:
+        """Execute a turn's calls in order (answering unparsable ones with an error); the caller
+        speaks next, unless a cap or the environment ends the episode."""
+        episode = entry.episode
+        results = {call_id: (f"Error: {reason}", True) for call_id, reason in parsed.malformed}
+        episode.tool_errors = (episode.tool_errors or 0) + len(parsed.malformed)
+        for call in parsed.calls:
+            entry.tool_calls += 1
+            if entry.tool_calls > self.config.max_tool_calls:
+                self._end(
+                    entry, EpisodeStatus.TRUNCATED, f"the episode made more than max_tool_calls={self.config.max_tool_calls} tool calls"
+                )
+                return
+            try:
+                result = self.env.execute(entry.task, entry.state, role, call)
+            except Exception as err:  # the environment's own failure, not the caller's: this episode only
+                self._end(entry, EpisodeStatus.FAILED, f"the environment failed on {call.name} ({type(err).__name__}: {err})")
+                return
+            results[call.id] = (self._cleaned(entry, result.content), bool(result.error))
+        order = [c.id for c in parsed.calls] + [call_id for call_id, _ in parsed.malformed]
+        for call_id in sorted(order, key=lambda i: int(i.rsplit("-", 1)[1])):
+            content, error = results[call_id]
+            episode.messages.append(Message(role=TOOL, content=content, tool_call_id=call_id, requestor=role, error=error))
+        if self._over_steps(entry):
+            return
+        if self.env.is_done(entry.task, episode.messages):
+            self._end(entry, EpisodeStatus.COMPLETED)
+        else:
+            entry.next_role = role
+
+    def _over_steps(self, entry: _Live) -> bool:
+        """End the episode TRUNCATED once it holds ``max_steps`` messages (when a cap is set)."""
+        cap = self.config.max_steps
+        if cap is not None and len(entry.episode.messages) >= cap:
+            self._end(entry, EpisodeStatus.TRUNCATED, f"the episode reached max_steps={cap} messages")
+            return True
+        return False
+
     # ---- one tick ----------------------------------------------------------------------------
+    def _view(self, entry: _Live, role: str, system_prompt: str) -> list[Message]:
+        """What ``role`` reads: its view of the conversation, with its tools in Hermes text when it has any."""
+        view = role_view(entry.episode.messages, role, system_prompt)
+        tools = self.env.tools(entry.task, role)
+        return tool_chat(view, tools) if tools else view
+
     def _tick(self, live: list[_Live]) -> None:
         batches: dict[tuple, list[_Live]] = defaultdict(list)
         for entry in live:
@@ -192,7 +273,7 @@ class RolloutEngine:
         rows = []  # (entry, role, seat, view, prompt ids or None)
         for entry, seat in zip(entries, seats):
             role = entry.next_role
-            view = role_view(entry.episode.messages, role, seat.system_prompt(self.env.system_prompt(entry.task, role)))
+            view = self._view(entry, role, seat.system_prompt(self.env.system_prompt(entry.task, role)))
             ids = None
             if token_level:
                 builder = entry.builders.setdefault(role, StreamBuilder(role, model, seat.adapter))
@@ -233,7 +314,7 @@ class RolloutEngine:
         simulator = entries[0].simulator
         rows = []
         for e in entries:
-            context = role_view(e.episode.messages, USER, self.env.system_prompt(e.task, USER))
+            context = self._view(e, USER, self.env.system_prompt(e.task, USER))
             rule = functools.partial(self.env.normalize_user_reply, e.task)
             rows.append((e, SimulatorTurn(e.episode.episode_id, e.task, context, rule)))
         for (entry, _), reply in self._call_isolating_failures(rows, lambda batch: simulator.respond([t for _, t in batch])):
