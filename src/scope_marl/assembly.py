@@ -17,9 +17,11 @@ from scope_marl.config import (
     RolloutRunConfig,
     RotationConfig,
     SimulatorConfig,
+    Tau2Config,
     TrainableSimulatorConfig,
     VerbalizedConfig,
 )
+from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import Environment, SayTheWord
 from scope_marl.rollout.engine import RolloutEngine
 from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, Simulator, TrainableSimulator, persona_guided
@@ -39,7 +41,32 @@ class ModelCache:
         return self._models[spec]
 
 
-def build_env(cfg: EnvConfig) -> Environment:
+def llm_judge(model: ChatModel):
+    """A judge for tau2's natural-language assertions from any chat backend: one greedy YES/NO per
+    assertion about the transcript, all in one batched call."""
+
+    def judge(assertions, transcript: str) -> list[bool]:
+        prompts = [
+            [
+                Message(
+                    role="system", content="You judge whether a customer-service conversation satisfies an assertion. Answer YES or NO."
+                ),
+                Message(role="user", content=f"Conversation:\n{transcript}\n\nAssertion: {a}\n\nIs the assertion true? Answer YES or NO."),
+            ]
+            for a in assertions
+        ]
+        replies = model.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=4)) if prompts else []
+        return [g.text.strip().upper().startswith("YES") for g in replies]
+
+    return judge
+
+
+def build_env(cfg: EnvConfig, models: ModelCache | None = None) -> Environment:
+    if isinstance(cfg, Tau2Config):
+        from scope_marl.envs.tau2 import Tau2
+
+        judge = llm_judge((models or ModelCache()).get(cfg.judge)) if cfg.judge else None
+        return Tau2(cfg.domain, max_steps=cfg.max_steps, max_errors=cfg.max_errors, judge=judge)
     if isinstance(cfg, P4GConfig):
         from scope_marl.envs.p4g import PersuasionForGood
 
@@ -81,4 +108,4 @@ def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
 
 def build_rollout(cfg: RolloutRunConfig, models: ModelCache | None = None) -> RolloutEngine:
     models = models or ModelCache()
-    return RolloutEngine(build_env(cfg.env), build_agent(cfg.agent, models), build_simulator(cfg.simulator, models), cfg.rollout)
+    return RolloutEngine(build_env(cfg.env, models), build_agent(cfg.agent, models), build_simulator(cfg.simulator, models), cfg.rollout)

@@ -134,6 +134,10 @@ def rollout(
         table.add_row(f"episodes {status}", str(count))
     for role, stats in summary["rewards"].items():
         table.add_row(f"reward {role} (mean +- std)", f"{stats['mean']:.3f} +- {stats['std']:.3f}")
+    for role, tools in summary.get("tools", {}).items():
+        rate = "-" if tools["parse_rate"] is None else f"{tools['parse_rate']:.2f}"
+        table.add_row(f"tool calls {role} (parsed / unparsed / failed)", f"{tools['calls']} / {tools['unparsed']} / {tools['failed']}")
+        table.add_row(f"tool-call parse rate {role}", rate)
     table.add_row("episodes / s", f"{summary['episodes_per_s']:.2f}")
     table.add_row("generated tokens / s", f"{summary['tokens_per_s']:.1f}")
     console.print(table)
@@ -141,7 +145,9 @@ def rollout(
     if first is not None:
         console.print(f"[bold]example transcript[/] ({first.episode_id}, {first.status.value}):")
         for m in first.messages:
-            console.print(f"  [cyan]{m.role}:[/] {escape(m.content)}")
+            who = f"tool -> {m.requestor}" if m.role == "tool" else m.role
+            text = m.raw if m.raw is not None else m.content
+            console.print(f"  [cyan]{who}:[/] {escape(text)}")
 
 
 @app.command()

@@ -5,7 +5,7 @@ the schemas of each section. Everything is re-exported here, so ``from scope_mar
 TrainConfig`` is the usual import.
 """
 
-from scope_marl.config.env import EnvConfig, P4GConfig, SayTheWordConfig, Split
+from scope_marl.config.env import EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
 from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, validate
 from scope_marl.config.rollout import AgentConfig, RolloutConfig, RolloutRunConfig
 from scope_marl.config.simulator import (
@@ -47,6 +47,7 @@ __all__ = [
     "Section",
     "SimulatorConfig",
     "Split",
+    "Tau2Config",
     "TrainConfig",
     "TrainableSimulatorConfig",
     "VerbalizedConfig",

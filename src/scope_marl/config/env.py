@@ -36,4 +36,19 @@ class P4GConfig(Section):
     seed: int = 0
 
 
-EnvConfig = Annotated[SayTheWordConfig | P4GConfig, Field(discriminator="name")]
+class Tau2Config(Section):
+    """tau2-bench (the tau2 extra): a customer-service agent with tools, the simulator plays the customer."""
+
+    name: Literal["tau2"]
+    domain: Literal["mock", "retail", "airline", "telecom"] = "retail"
+    max_steps: int = Field(
+        200, ge=1, description="tau2's step cap: every message is a step, and each batch of tool results; reaching it scores 0"
+    )
+    max_errors: int = Field(10, ge=1, description="failed tool calls (both sides) that end the episode, scored 0, as in tau2")
+    judge: str | None = Field(
+        None,
+        description="model spec of an LLM judge for tasks scored by natural-language assertions (none of the default splits needs one)",
+    )
+
+
+EnvConfig = Annotated[SayTheWordConfig | P4GConfig | Tau2Config, Field(discriminator="name")]

@@ -160,9 +160,13 @@ class RolloutEngine:
         episode = entry.episode
         episode.status = status
         episode.error = error
-        if status == EpisodeStatus.COMPLETED:
-            episode.rewards = self.env.rewards(entry.task, episode.messages)
-        episode.metadata.update(self.env.episode_metadata(entry.task, episode.messages))
+        try:
+            if status == EpisodeStatus.COMPLETED:
+                episode.rewards = self.env.rewards(entry.task, episode.messages)
+            episode.metadata.update(self.env.episode_metadata(entry.task, episode.messages))
+        except Exception as err:  # an evaluator that cannot score this conversation fails it alone
+            episode.status, episode.rewards = EpisodeStatus.FAILED, {}
+            episode.error = f"the environment could not score the episode ({type(err).__name__}: {err})"
         for role, builder in entry.builders.items():
             builder.model.release([(episode.episode_id, role)])
             seat = self.seat_of(entry, role)

@@ -60,6 +60,28 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         return [Episode.model_validate_json(line) for line in f if line.strip()]
 
 
+def tool_use(episodes: Sequence[Episode]) -> dict:
+    """Per role: tool-call turns, calls that parsed, calls that did not, the parse rate, and failed
+    calls (the environment answered with an error). Empty for environments without tools."""
+    with_tools = [e for e in episodes if e.tool_errors is not None]
+    if not with_tools:
+        return {}
+    out = {}
+    for role in sorted({m.role for e in with_tools for m in e.messages if m.tool_calls is not None}):
+        turns = [m for e in with_tools for m in e.messages if m.role == role and m.tool_calls is not None]
+        results = [m for e in with_tools for m in e.messages if m.role == "tool" and m.requestor == role]
+        ids = {c.id for m in turns for c in m.tool_calls}
+        unparsed = sum(1 for r in results if r.tool_call_id not in ids)
+        out[role] = {
+            "call_turns": len(turns),
+            "calls": len(ids),
+            "unparsed": unparsed,
+            "parse_rate": len(ids) / (len(ids) + unparsed) if ids or unparsed else None,
+            "failed": sum(1 for r in results if r.error and r.tool_call_id in ids),
+        }
+    return {"tools": out, "tool_errors": sum(e.tool_errors for e in with_tools)}
+
+
 def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int, simulator: Simulator | None = None) -> dict:
     """Counts by status, per-role rewards of COMPLETED episodes, group integrity and throughput,
     plus what the ``simulator`` that played them reports through its ``batch_metrics`` hook."""
@@ -75,6 +97,7 @@ def summarize(episodes: Sequence[Episode], seconds: float, generated_tokens: int
         groups.setdefault(e.group_id, set()).add(e.simulator_id)
     return {
         **(simulator.batch_metrics(episodes) if simulator is not None else {}),
+        **tool_use(episodes),
         "episodes": len(episodes),
         "status": {s.value: status.get(s.value, 0) for s in EpisodeStatus},
         "failure_reasons": dict(Counter(e.error for e in episodes if e.status == EpisodeStatus.FAILED)),

@@ -87,7 +87,7 @@ class Trainer:
         if self.full:
             self.chat.model.requires_grad_(False)
         self._add_adapters()
-        self.env = build_env(cfg.env)
+        self.env = build_env(cfg.env, models)
         self.simulator = build_simulator(cfg.simulator, models)
         agent = Seat(model=self.agent_chat, sampling=cfg.agent_sampling, adapter=self.agent_adapter, trainable=AGENT in cfg.trainable_roles)
         self.engine = RolloutEngine(self.env, agent, self.simulator, cfg.rollout)
