@@ -36,6 +36,7 @@ bench: setup
 	$(BIN)/python bench/p4g_donation_parser.py
 	$(BIN)/python bench/vs_diversity.py
 	$(BIN)/python bench/train_step.py
+	$(BIN)/python bench/tau2_gold.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

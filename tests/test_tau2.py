@@ -184,3 +184,62 @@ def test_perturbed_trajectories_score_as_tau2_scores_them(retail):
     assert set(seen) == {"drop_action", "change_argument", "drop_communicate", "wrong_termination", "malformed_call"}
     assert all(ours == theirs for ours, theirs in seen.values()), seen
     assert seen["wrong_termination"] == (0.0, 0.0) and seen["drop_communicate"] == (0.0, 0.0) and seen["malformed_call"] == (1.0, 1.0)
+
+
+# ---- from a config -------------------------------------------------------------------------------------
+
+TAU2_ROLLOUT = """
+env: {name: tau2, domain: retail, max_steps: 12}
+split: train
+num_tasks: 1
+agent: {model: 'scripted:<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#W0000000"}}</tool_call>|Done.', trainable: false}
+simulator: {mode: frozen, model: "scripted:Hi, I need help with an order.|###STOP###", id: customer}
+rollout: {group_size: 1, progress: false}
+"""
+
+
+def test_scope_rollout_plays_tau2_from_a_config_and_reports_tool_use(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+    from scope_marl.rollout import read_episodes
+
+    (tmp_path / "cfg.yaml").write_text(TAU2_ROLLOUT)
+    result = CliRunner().invoke(app, ["rollout", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "tool -> agent:" in result.output and "tool-call parse rate agent" in result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["tools"]["agent"] == {"call_turns": 1, "calls": 1, "unparsed": 0, "parse_rate": 1.0, "failed": 1}
+    assert summary["env"]["domain"] == "retail" and summary["status"]["COMPLETED"] == 1
+    (episode,) = read_episodes(tmp_path / "run" / "episodes-00000.jsonl")
+    assert [m.role for m in episode.messages] == ["agent", "user", "agent", "tool", "agent", "user"]
+    assert episode.messages[3].error and "not found" in episode.messages[3].content.lower()
+    assert episode.tool_errors == 0 and episode.metadata["termination"] == "user_stop"
+    assert episode.rewards == {"agent": 0.0, "user": 0.0}  # task 0 needs an exchange of items the script never makes
+
+
+def test_natural_language_assertions_need_an_injected_judge_built_from_any_backend():
+    from scope_marl.assembly import llm_judge
+    from scope_marl.backends.scripted import ScriptedChatModel
+
+    reward_type = quiet_import("tau2.data_model.tasks").RewardType
+
+    class JudgedMock(Tau2):
+        """mock's create_task_1, scored by its database and its natural-language assertion (no shipped task
+        is; the path exists for user tasks)."""
+
+        def task_of(self, task):
+            judged = super().task_of(task).model_copy(deep=True)
+            judged.evaluation_criteria.reward_basis = [reward_type.DB, reward_type.NL_ASSERTION]
+            return judged
+
+    t = next(t for t in Tau2("mock").tasks("base") if t.task_id == "create_task_1")
+    messages = from_tau2(gold("mock", Tau2("mock").task_of(t)).messages)
+    judge_model = ScriptedChatModel(["YES"])
+    assert replay(JudgedMock("mock", judge=llm_judge(judge_model)), t, messages).rewards["agent"] == 1.0
+    assert "Assertion: The agent confirmed the task was created successfully" in judge_model.calls[0][-1].content
+    assert replay(JudgedMock("mock", judge=llm_judge(ScriptedChatModel(["NO"]))), t, messages).rewards["agent"] == 0.0
+    unjudged = replay(JudgedMock("mock"), t, messages)
+    assert unjudged.status == EpisodeStatus.FAILED and "need an LLM judge; pass judge=" in unjudged.error

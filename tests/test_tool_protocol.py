@@ -290,3 +290,15 @@ def test_environments_without_tools_record_no_tool_fields(tools, make_tiny_model
     engine.env = Plain()
     episode = engine.run(engine.env.tasks()[:1])[0]
     assert (episode.tool_errors is None) == (not tools)
+
+
+def test_a_prompt_past_the_context_ends_truncated_and_is_never_cut(make_tiny_model, tokenizer):
+    class LongPolicy(Ledger):
+        def system_prompt(self, task, role):
+            return "Policy: " + "be kind. " * 1500 if role == AGENT else super().system_prompt(task, role)
+
+    engine = ledger_engine(make_tiny_model, tokenizer)
+    engine.env = LongPolicy()
+    episodes = engine.run(engine.env.tasks())
+    assert {e.status for e in episodes} == {EpisodeStatus.TRUNCATED}
+    assert all(e.error.startswith("agent context is full") for e in episodes)

@@ -31,7 +31,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from scope_marl.backends.base import Generation, TokenChatModel
+from scope_marl.backends.base import ContextLengthError, Generation, TokenChatModel
 from scope_marl.backends.seat import Seat
 from scope_marl.backends.tool_format import ParsedTurn, parse_tool_calls, tool_chat
 from scope_marl.config.rollout import RolloutConfig
@@ -308,6 +308,9 @@ class RolloutEngine:
         for row, gen in self._call_isolating_failures(rows, call):
             entry, role, _, view, ids = row
             entry.episode.timings["generate_s"] += (time.perf_counter() - started) / len(rows)
+            if isinstance(gen, ContextLengthError):  # a prompt past the model's context is never cut silently
+                self._end(entry, EpisodeStatus.TRUNCATED, f"{role} context is full ({gen})")
+                continue
             if isinstance(gen, Exception):
                 self._end(entry, EpisodeStatus.FAILED, f"{type(gen).__name__}: {gen}")
                 continue
