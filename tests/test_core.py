@@ -40,15 +40,19 @@ M = 1_000_003  # the multiplier of every old formula, written out here on purpos
 
 
 class SeedRecorder(ScriptedChatModel):
-    """A scripted model that notes the sampling seed of every generate call, in call order."""
+    """A scripted model that notes the seeds of every generate call: each row's (per-episode seeds, with
+    the row's turn index) or, for callers that seed a whole call, ``sampling.seed``."""
 
     def __init__(self, replies, seeds: list, name: str = "scripted"):
         super().__init__(replies, name=name)
         self.seeds = seeds
 
-    def generate(self, prompts, sampling, adapters=None):
-        self.seeds.append(sampling.seed)
-        return super().generate(prompts, sampling, adapters)
+    def generate(self, prompts, sampling, adapters=None, seeds=None):
+        if seeds is None:
+            self.seeds.append(sampling.seed)
+        else:  # turn index = messages so far (the system prompt excluded)
+            self.seeds.extend(zip(seeds, [len(p) - 1 for p in prompts]))
+        return super().generate(prompts, sampling, adapters, seeds)
 
 
 def test_derive_seed_rules():
@@ -66,19 +70,21 @@ def test_derive_seed_rules():
 
 
 @pytest.mark.parametrize("base", BASES)
-def test_rollout_engine_generate_seeds_match_the_old_formula(base):
-    """rollout/engine.py: ``(config.seed * 1_000_003 + calls) % 2**31``, driven through a real engine."""
+def test_rollout_engine_seeds_each_turn_by_group_rollout_and_turn(base):
+    """rollout/engine.py: every turn's seed is ``derive_seed(config.seed, group, rollout, turn, bits=31)``
+    (per-episode seeds), driven through a real engine: one seed per row, never per batch."""
     seeds: list = []
     model = SeedRecorder(["Please say it."], seeds)
     simulator = FrozenSimulator(SeedRecorder(["No."], seeds), simulator_id="frozen")
     engine = RolloutEngine(
         SayTheWord(num_tasks=2, max_exchanges=2), Seat(model=model), simulator, RolloutConfig(progress=False, group_size=2, seed=base)
     )
-    engine.run(engine.env.tasks())
-    assert len(seeds) >= 4
-    assert seeds == [(base * M + calls) % 2**31 for calls in range(len(seeds))]
-    for calls in KEYS:
-        assert derive_seed(base, calls, bits=31) == (base * M + calls) % 2**31
+    episodes = engine.run(engine.env.tasks())
+    expected = set()
+    for e in episodes:
+        group, rollout = (int(x) for x in e.episode_id.split("#")[1].split("/"))
+        expected |= {(derive_seed(base, group, rollout, turn, bits=31), turn) for turn in range(len(e.messages))}
+    assert len(seeds) == sum(len(e.messages) for e in episodes) == len(expected) and set(seeds) == expected
 
 
 @pytest.mark.parametrize("base", [*BASES, None])
@@ -394,14 +400,13 @@ def engine_with(seeds: list, seed: int = 4) -> RolloutEngine:
     )
 
 
-def test_engine_state_dict_carries_the_group_and_call_counters():
+def test_engine_state_dict_carries_the_group_counter():
     first_seeds: list = []
     first = engine_with(first_seeds)
     tasks = first.env.tasks()
     first.run(tasks)
     state = first.state_dict()
-    assert state["groups"] == len(tasks)
-    assert state["calls"] == len(first_seeds) > 0
+    assert state == {"groups": len(tasks)} and first_seeds
     del first_seeds[:]
     expected = first.run(tasks)
 

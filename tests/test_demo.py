@@ -87,7 +87,8 @@ def tiny_demo(tiny_model_dir, tmp_path_factory):
     lines: list[str] = []
     out = tmp_path_factory.mktemp("demo") / "demo"
     lab = with_settings("theory", eval_every=75, eval_groups=16)  # the default 150 steps: co-training needs them
-    summary = demo.run_demo(out, steps=1, seeds=3, log=lines.append, model=model, panel=panel, lab_settings=lab)
+    plain = {"temperature": 1.0, "top_p": 1.0}  # the random model's top-p nucleus is often one newline token
+    summary = demo.run_demo(out, steps=1, seeds=3, log=lines.append, model=model, panel=panel, lab_settings=lab, train_sampling=plain)
     return Path(summary["out"]), summary, lines
 
 

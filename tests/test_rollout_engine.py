@@ -188,3 +188,37 @@ def test_continue_on_turn_limit_keeps_playing_and_streams_stay_on_policy(talky_c
             assert (recomputed[mask] - torch.tensor(stream.logprobs)[mask]).abs().max() < 1e-4
             # A cut turn gets the end-of-turn token as masked glue before the next message.
             assert stream.response_ids.count(talky_chat.eot_id) >= sum(1 for m in e.messages if m.role == stream.role) - 1
+
+
+def test_each_row_draws_from_its_own_stream_whatever_its_neighbours():
+    """Per-episode seeds at the sampler: row 0's draws depend on its logits and its own generator only."""
+    from scope_marl.backends.hf import sample_next
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 3
+    for top_p in (1.0, 0.8):
+        params = SamplingParams(temperature=0.9, top_p=top_p)
+        alone = [sample_next(logits[:1], params, [torch.Generator().manual_seed(7)])[0].item()]
+        batched = [sample_next(logits, params, [torch.Generator().manual_seed(s) for s in (7, 8, 9)])[0][0].item()]
+        gen_a, gen_b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        for _ in range(20):  # the same stream over many tokens, with and without neighbours
+            alone.append(sample_next(logits[:1], params, [gen_a])[0].item())
+            batched.append(sample_next(logits, params, [gen_b, torch.Generator().manual_seed(1), torch.Generator()])[0][0].item())
+        assert alone == batched
+
+
+def test_an_episode_samples_the_same_tokens_alone_or_beside_its_group(talky_chat):
+    """Per-episode seeds in the engine: (run seed, group, rollout, turn) decide each draw, so rollouts of
+    one group played together or one at a time, or numbered explicitly as another worker would, sample
+    the same tokens. Rows of one group have equal prompt lengths, so their logits agree to the bit; with
+    neighbours of other lengths they can differ in the last bits (padding), which on this random model's
+    near-flat distributions can flip a draw: docs/formats.md says so."""
+    tasks = SayTheWord(num_tasks=4, max_exchanges=3).tasks("train")
+    together = engine_for(talky_chat, group_size=2, seed=5, max_concurrent=2).run(tasks[2:3], first_group=2)
+    one_by_one = engine_for(talky_chat, group_size=2, seed=5, max_concurrent=1).run(tasks[2:3], first_group=2)
+    tokens = lambda e: [(r, s.response_ids) for r, s in sorted(e.streams.items())]
+    assert [e.episode_id for e in together] == [e.episode_id for e in one_by_one] == ["say-train-2#2/0", "say-train-2#2/1"]
+    assert [e.messages for e in together] == [e.messages for e in one_by_one]
+    assert [tokens(e) for e in together] == [tokens(e) for e in one_by_one]
+    reseeded = engine_for(talky_chat, group_size=2, seed=6, max_concurrent=2).run(tasks[2:3], first_group=2)
+    assert [tokens(e) for e in reseeded] != [tokens(e) for e in together]

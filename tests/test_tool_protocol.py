@@ -157,7 +157,7 @@ class TeacherForced(HFChatModel):
         super().__init__(model, tokenizer, name="forced", default_system_prompt="You are a test model.")
         self.script = script
 
-    def generate_ids(self, prompt_ids, sampling, adapters=None, cache_keys=None) -> list[Generation]:
+    def generate_ids(self, prompt_ids, sampling, adapters=None, cache_keys=None, seeds=None) -> list[Generation]:
         out = []
         for ids in prompt_ids:
             text = self.script(self.decode(ids))

@@ -139,8 +139,9 @@ def _worker_convert() -> str:
     return path
 
 
-def _worker_arm(arm: str, steps: int, model: str, panel: Panel, out: Path) -> dict:
-    return train_and_evaluate(arm, steps, model, panel, out, lambda stage, message: _events.put((WORKER_LANE, stage, message)))
+def _worker_arm(arm: str, steps: int, model: str, panel: Panel, out: Path, sampling: dict | None) -> dict:
+    report = lambda stage, message: _events.put((WORKER_LANE, stage, message))
+    return train_and_evaluate(arm, steps, model, panel, out, report, sampling)
 
 
 def needs_conversion(model: str) -> bool:
@@ -158,15 +159,19 @@ def needs_conversion(model: str) -> bool:
 # ---- configs -------------------------------------------------------------------------------------
 
 
-def arm_config(arm: str, steps: int, model: str = "embedded", **overrides) -> TrainConfig:
+def arm_config(arm: str, steps: int, model: str = "embedded", sampling: dict | None = None, **overrides) -> TrainConfig:
     """The config of one LLM arm of the demo; ``overrides`` replace top-level fields (longer runs in
-    scripts/example_report.py; an arm not in :data:`ARMS` names its own ``simulator``)."""
+    scripts/example_report.py; an arm not in :data:`ARMS` names its own ``simulator``). ``sampling``
+    replaces the agent's and the simulator's sampling (tests: a random model needs plain sampling)."""
+    simulator = {**ARMS.get(arm, {}), "model": model}
+    if sampling is not None and "sampling" in simulator:
+        simulator["sampling"] = {**simulator["sampling"], **sampling}
     return TrainConfig.model_validate(
         {
             "model": model,
             "env": ENV,
-            "agent_sampling": TRAIN_SAMPLING,
-            "simulator": {**ARMS.get(arm, {}), "model": model},
+            "agent_sampling": {**TRAIN_SAMPLING, **(sampling or {})},
+            "simulator": simulator,
             "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
             "learner": {"lr": 1e-4, "kl_coef": 0.01, "token_budget": 512},  # two streams per micro-batch: less memory, two processes
             "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
@@ -220,10 +225,11 @@ def run_demo(
     model: str = "embedded",
     panel: Panel | None = None,
     lab_settings=None,
+    train_sampling: dict | None = None,
 ) -> dict:
     """All three parts into a fresh ``out``; returns the summary written to ``demo.json``, plus the lab's results.
 
-    ``model``, ``panel`` and ``lab_settings`` exist for tests (a tiny model, a shorter lab). The second
+    ``model``, ``panel``, ``lab_settings`` and ``train_sampling`` exist for tests (a tiny model, a shorter lab). The second
     lane is a spawned process, so a script that calls this needs the usual ``if __name__ == "__main__":``
     guard."""
     import torch
@@ -263,7 +269,7 @@ def run_demo(
         with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_init, initargs=(events,)) as pool:
             try:
                 conversion = pool.submit(_worker_convert) if convert else None
-                worker = pool.submit(_worker_arm, worker_arm, steps, model, panel, out / "llm")
+                worker = pool.submit(_worker_arm, worker_arm, steps, model, panel, out / "llm", train_sampling)
                 lab = run_lab("theory", seeds=seeds, out=out / "effect", log=lambda _: None, settings=lab_settings)
                 progress.done(
                     MAIN_LANE, "effect", f"[1/3 effect] collapse lab: {len(lab['arms'])} arms x {seeds} seeds in {lab['seconds']:.0f} s"
@@ -271,7 +277,7 @@ def run_demo(
                 if conversion is not None:
                     conversion.result()  # the main lane's arm needs the converted model too
                 report = functools.partial(progress.done, MAIN_LANE)
-                arms = {main_arm: train_and_evaluate(main_arm, steps, model, panel, out / "llm", report)}
+                arms = {main_arm: train_and_evaluate(main_arm, steps, model, panel, out / "llm", report, train_sampling)}
                 arms[worker_arm] = worker.result()  # raises the other process's error, if any
             except BaseException:
                 for child in multiprocessing.active_children():  # the pool would wait for the other lane's arm
@@ -304,12 +310,14 @@ def _relay(events, progress: Progress) -> None:
         progress.done(*event)
 
 
-def train_and_evaluate(arm: str, steps: int, model: str, panel: Panel, out: Path, report: Callable[[str, str], None]) -> dict:
+def train_and_evaluate(
+    arm: str, steps: int, model: str, panel: Panel, out: Path, report: Callable[[str, str], None], sampling: dict | None = None
+) -> dict:
     """Train one arm ``steps`` GRPO steps into ``out/arm``, then play the held-out panel; its step records and evaluation."""
     from scope_marl.evaluation.evaluate import write_results
     from scope_marl.experiment import evaluate_trainer, start
 
-    trainer = start(arm_config(arm, steps, model), out / arm)
+    trainer = start(arm_config(arm, steps, model, sampling), out / arm)
     report("start", f"[2/3 llm] {arm}: model, simulator and LoRA adapter ready")
     records = []
     try:
@@ -381,9 +389,12 @@ def llm_section(llm: dict) -> list[str]:
         for r in a["records"]:
             t = r["train_agent"]
             vs = r.get("simulator", {}).get("verbalized_sampling")
+            if t.get("episodes", 0) == 0:  # every episode of the step was left out (e.g. TRUNCATED): nothing trained
+                learned = f"- | - | - | - | 0 ({t.get('skipped', 0)} episodes left out)"
+            else:
+                learned = f"{t['ratio_mean']:.4f} | {t['logprob_gap']:.1e} | {t['kl']:.1e} | {t['grad_norm']:.3f} | {t['trained_tokens']}"
             rows.append(
-                f"| {arm} | {r['step']} | {r.get('reward_agent', {}).get('mean', float('nan')):.3f} | {t['ratio_mean']:.4f} | "
-                f"{t['logprob_gap']:.1e} | {t['kl']:.1e} | {t['grad_norm']:.3f} | {t['trained_tokens']} | "
+                f"| {arm} | {r['step']} | {r.get('reward_agent', {}).get('mean', float('nan')):.3f} | {learned} | "
                 f"{format(vs['parse_success_rate'], '.2f') if vs else '-'} | {r['rollout_s']:.1f} | {r['update_s']:.1f} |"
             )
     gaps = [r["train_agent"].get("logprob_gap", float("inf")) for a in llm["arms"].values() for r in a["records"]]

@@ -56,6 +56,10 @@ class ChatModel(Protocol):
 
     ``adapters`` selects, per prompt, a LoRA adapter by name (``None`` = the base model with
     adapters disabled). Backends without adapters accept only ``None`` entries.
+
+    ``seeds`` gives each prompt its own random stream (one generator per row), so what a row
+    samples does not depend on which other rows share its batch; without it the call draws from
+    one stream seeded by ``sampling.seed``.
     """
 
     name: str
@@ -65,6 +69,7 @@ class ChatModel(Protocol):
         prompts: Sequence[Sequence[Message]],
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]: ...
 
 
@@ -90,6 +95,7 @@ class TokenChatModel(ChatModel, Protocol):
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
         cache_keys: Sequence[Hashable | None] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]: ...
 
     def release(self, cache_keys: Iterable[Hashable]) -> None: ...

@@ -79,47 +79,56 @@ NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full s
 
 
 def sample_next(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | Sequence[torch.Generator] | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one token per row. Returns (ids, log-probs, entropies) per the log-prob definition in docs/interfaces.md."""
+    """Sample one token per row. Returns (ids, log-probs, entropies) per the log-prob definition in docs/interfaces.md.
+
+    ``generator`` is one stream for the whole batch, or one per row (per-episode seeds: a row's draws
+    then do not depend on its neighbours). Each row uses exactly one uniform number per token.
+    """
     greedy = sampling.temperature == 0.0
     logp = torch.log_softmax(logits.float() / (1.0 if greedy else sampling.temperature), dim=-1)
     probs = logp.exp()
     entropy = -(probs * logp).sum(-1)
     if greedy:
         ids = logp.argmax(-1)
-    elif sampling.top_p < 1.0:
-        ids = _sample_nucleus(probs, sampling.top_p, generator)
     else:
-        ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1]).expand_as(probs), generator)
+        if isinstance(generator, Sequence):
+            u = torch.cat([torch.rand(1, generator=g) for g in generator])
+        else:
+            u = torch.rand(probs.shape[0], generator=generator)
+        if sampling.top_p < 1.0:
+            ids = _sample_nucleus(probs, sampling.top_p, u)
+        else:
+            ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1]).expand_as(probs), u)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1), entropy
 
 
-def _sample_inverse_cdf(weights: torch.Tensor, token_ids: torch.Tensor, generator) -> torch.Tensor:
-    """Draw one column per row in proportion to ``weights`` (unnormalized).
+def _sample_inverse_cdf(weights: torch.Tensor, token_ids: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one column per row in proportion to ``weights`` (unnormalized), row i at uniform ``u[i]``.
 
     One uniform number per row and a binary search over the running sum: ``torch.multinomial``
     draws an exponential variate per vocabulary entry, which costs more than the LM head here.
     """
     cdf = weights.cumsum(-1)
-    u = torch.rand(weights.shape[0], 1, generator=generator) * cdf[:, -1:]
-    col = torch.searchsorted(cdf, u, right=True).clamp(max=weights.shape[-1] - 1)
+    col = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=weights.shape[-1] - 1)
     return token_ids.gather(-1, col).squeeze(-1)
 
 
-def _sample_nucleus(probs: torch.Tensor, top_p: float, generator) -> torch.Tensor:
+def _sample_nucleus(probs: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
     """Top-p: keep the smallest set of most likely tokens whose mass reaches ``top_p`` (the top token always).
 
     The nucleus is almost always inside the few hundred best tokens, so ``topk`` replaces a full
-    vocabulary sort; rows whose candidates do not reach ``top_p`` get the exact full sort.
+    vocabulary sort; rows whose candidates do not reach ``top_p`` get the exact full sort (with the
+    same uniform number).
     """
     k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
     best, order = probs.topk(k, dim=-1)
-    ids = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, generator)
+    ids = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, u)
     short = (best.sum(-1) < top_p).nonzero().squeeze(-1)
     if len(short) and k < probs.shape[-1]:
         best, order = probs[short].sort(-1, descending=True)
-        ids[short] = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, generator)
+        ids[short] = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, u[short])
     return ids
 
 
@@ -252,8 +261,9 @@ class HFChatModel:
         prompts: Sequence[Sequence[Message]],
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
-        return self.generate_ids([self.encode_chat(p) for p in prompts], sampling, adapters)
+        return self.generate_ids([self.encode_chat(p) for p in prompts], sampling, adapters, seeds=seeds)
 
     # ---- decoding ------------------------------------------------------------------------------
     def generate_ids(
@@ -262,8 +272,12 @@ class HFChatModel:
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
         cache_keys: Sequence[Hashable | None] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
         """Generate from token ids. Batches of similar length run together; order is preserved.
+
+        ``seeds``: one random stream per prompt, so a row samples the same tokens whichever rows
+        share its batch (its logits can still differ in the last bits with the batch's shape).
 
         ``cache_keys`` names the conversation each prompt continues: the key/value states of an
         earlier prompt with the same key (and adapter) are reused for the shared prefix, and the
@@ -283,12 +297,17 @@ class HFChatModel:
                 f"prompt(s) {too_long} fill the model's {self.context_length}-token context; "
                 "shorten the conversation (fewer turns, shorter system prompts)"
             )
+        if seeds is not None and len(seeds) != n:
+            raise BackendError(f"got {len(seeds)} seeds for {n} prompts; pass one per prompt or None")
         generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         order = sorted(range(n), key=lambda i: len(prompt_ids[i]))
         results: list[Generation | None] = [None] * n
         for start in range(0, n, self.max_batch_size):
             chunk = order[start : start + self.max_batch_size]
             rows = [_Row(list(prompt_ids[i]), adapters[i], keys[i]) for i in chunk]
+            if seeds is not None:
+                for i, row in zip(chunk, rows):
+                    row.generator = torch.Generator().manual_seed(seeds[i])
             for i, out in zip(chunk, self._decode_batch(rows, sampling, generator)):
                 results[i] = out
         return results  # type: ignore[return-value]
@@ -362,7 +381,8 @@ class HFChatModel:
         live = list(range(batch))  # which row each batch position holds
         for step in range(max_new):
             clock = time.perf_counter()
-            tok, lp, ent = sample_next(logits, sampling, generator)
+            streams = [rows[r].generator for r in live] if rows[0].generator is not None else generator
+            tok, lp, ent = sample_next(logits, sampling, streams)
             self.timings["sample_s"] += time.perf_counter() - clock
             finished = []
             for j, (t, logprob, e) in enumerate(zip(tok.tolist(), lp.tolist(), ent.tolist())):
@@ -452,3 +472,4 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
     finish: FinishReason = "length"
+    generator: torch.Generator | None = None  # the row's own random stream (per-episode seeds)

@@ -98,15 +98,18 @@ class OpenAIChatModel:
         prompts: Sequence[Sequence[Message]],
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
+        seeds: Sequence[int] | None = None,
         *,
         response_format: dict | None = None,
     ) -> list[Generation]:
-        """One completion per prompt, in order. ``response_format`` overrides the default for this call."""
+        """One completion per prompt, in order (each request with its row's seed when ``seeds`` is given).
+        ``response_format`` overrides the default for this call."""
         check_adapters(adapters, len(prompts), known=[])
         if self._closed:
             raise BackendError(f"OpenAIChatModel({self.model!r}) was closed; create a new one")
         fmt = response_format if response_format is not None else self.response_format
-        futures = [self._pool.submit(self._one, prompt, sampling, fmt) for prompt in prompts]
+        params = [sampling if seeds is None else sampling.model_copy(update={"seed": seed}) for seed in (seeds or [None] * len(prompts))]
+        futures = [self._pool.submit(self._one, prompt, p, fmt) for prompt, p in zip(prompts, params)]
         try:
             return [f.result() for f in futures]
         except BaseException:

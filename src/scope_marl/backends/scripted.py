@@ -37,6 +37,7 @@ class ScriptedChatModel:
         prompts: Sequence[Sequence[Message]],
         sampling: SamplingParams,
         adapters: Sequence[str | None] | None = None,
+        seeds: Sequence[int] | None = None,  # nothing is random here
     ) -> list[Generation]:
         check_adapters(adapters, len(prompts), known=[])
         out = []

@@ -58,6 +58,8 @@ class _Live:
     builders: dict[str, StreamBuilder] = field(default_factory=dict)
     state: Any = None  # the environment's per-episode state that tools act on
     tool_calls: int = 0
+    group_index: int = 0  # the group's number in the run (unique across steps): part of every seed
+    rollout: int = 0  # the episode's place in its group
 
 
 @dataclass
@@ -78,20 +80,24 @@ class RolloutEngine:
         self.simulator = simulator
         self.config = config or RolloutConfig()
         self.stats = RolloutStats()
-        self._groups_started = 0  # groups across calls, so rotation / pools keep turning
-        self._calls = 0  # generate calls, to derive a distinct seed for each
+        self._groups_started = 0  # groups across calls, so rotation / pools keep turning and seeds never repeat
 
     # ---- public ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The counters that make the next run reproducible (a checkpoint saves them)."""
-        return {"groups": self._groups_started, "calls": self._calls}
+        return {"groups": self._groups_started}
 
     def load_state_dict(self, state: dict) -> None:
-        self._groups_started = state["groups"]
-        self._calls = state["calls"]
+        self._groups_started = state["groups"]  # ("calls" of older checkpoints seeded per batch; no longer used)
 
-    def run(self, tasks: Sequence[Task]) -> list[Episode]:
-        """Play every task ``group_size`` times. Returns the episodes in task, then rollout order."""
+    def run(self, tasks: Sequence[Task], first_group: int | None = None) -> list[Episode]:
+        """Play every task ``group_size`` times. Returns the episodes in task, then rollout order.
+
+        Groups are numbered on from the last call; ``first_group`` numbers them from there instead
+        (a distributed executor gives each worker its groups' numbers, so every episode gets the
+        seeds it would get locally)."""
+        if first_group is not None:
+            self._groups_started = first_group
         queue = deque(self._new_episodes(tasks))
         episodes = [live.episode for live in queue]
         live: list[_Live] = []
@@ -127,8 +133,9 @@ class RolloutEngine:
     def _new_episodes(self, tasks: Sequence[Task]) -> list[_Live]:
         out = []
         for task in tasks:
-            simulator = self.simulator.for_group(self._groups_started)
-            group_id = f"{task.task_id}#{self._groups_started}"
+            index = self._groups_started
+            simulator = self.simulator.for_group(index)
+            group_id = f"{task.task_id}#{index}"
             self._groups_started += 1
             has_tools = any(self.env.tools(task, role) for role in self.env.roles)
             for r in range(self.config.group_size):
@@ -143,7 +150,7 @@ class RolloutEngine:
                     timings={"generate_s": 0.0},
                     tool_errors=0 if has_tools else None,
                 )
-                out.append(_Live(episode, task, simulator, self.env.first_speaker(task), 0.0))
+                out.append(_Live(episode, task, simulator, self.env.first_speaker(task), 0.0, group_index=index, rollout=r))
         return out
 
     def _open(self, entry: _Live) -> bool:
@@ -252,6 +259,10 @@ class RolloutEngine:
         return False
 
     # ---- one tick ----------------------------------------------------------------------------
+    def turn_seed(self, entry: _Live) -> int:
+        """The random stream of one turn: (run seed, group, rollout, turn), whatever else shares the batch."""
+        return derive_seed(self.config.seed, entry.group_index, entry.rollout, len(entry.episode.messages), bits=31)
+
     def _view(self, entry: _Live, role: str, system_prompt: str) -> list[Message]:
         """What ``role`` reads: its view of the conversation, with its tools in Hermes text when it has any."""
         view = role_view(entry.episode.messages, role, system_prompt)
@@ -294,15 +305,13 @@ class RolloutEngine:
             return
 
         def call(batch):
-            seed = derive_seed(self.config.seed, self._calls, bits=31)
-            self._calls += 1
-            params = sampling.model_copy(update={"seed": seed})
+            seeds = [self.turn_seed(r[0]) for r in batch]
             adapters = [r[2].adapter for r in batch]
             adapters = adapters if any(a is not None for a in adapters) else None
             if token_level:
                 keys = [(r[0].episode.episode_id, r[1]) for r in batch]
-                return model.generate_ids([r[4] for r in batch], params, adapters, cache_keys=keys)
-            return model.generate([r[3] for r in batch], params, adapters)
+                return model.generate_ids([r[4] for r in batch], sampling, adapters, cache_keys=keys, seeds=seeds)
+            return model.generate([r[3] for r in batch], sampling, adapters, seeds=seeds)
 
         started = time.perf_counter()
         for row, gen in self._call_isolating_failures(rows, call):
