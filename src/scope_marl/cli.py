@@ -117,14 +117,19 @@ def rollout(
     if simulator:
         cfg.simulator = parse_simulator_spec(simulator)
     recorder = RolloutRecorder(out)  # a bad --out fails before any model loads
-    engine = build_rollout(cfg)
-    tasks = engine.env.tasks(cfg.split)[: cfg.num_tasks]
-    dump_config(cfg, out / "config.yaml")
-    episodes = engine.run(tasks)
+    if cfg.executor == "ray":
+        episodes, seconds, tokens, env, simulator = _rollout_on_ray(cfg, out)
+    else:
+        engine = build_rollout(cfg)
+        env, simulator = engine.env, engine.simulator
+        tasks = env.tasks(cfg.split)[: cfg.num_tasks]
+        dump_config(cfg, out / "config.yaml")
+        episodes = engine.run(tasks)
+        seconds, tokens = engine.stats.seconds, engine.stats.generated_tokens
     path = recorder.write_batch(episodes)
-    summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens, engine.simulator)
-    summary["simulator"] = engine.simulator.identity()
-    summary.update(split=cfg.split, tasks=len(tasks), batch_file=path.name, env=engine.env.describe())
+    summary = summarize(episodes, seconds, tokens, simulator)
+    summary["simulator"] = simulator.identity() if simulator is not None else episodes[0].metadata.get("simulator") if episodes else None
+    summary.update(split=cfg.split, tasks=len(episodes) // cfg.rollout.group_size, batch_file=path.name, env=env.describe())
     recorder.write_summary(summary)
 
     table = Table(title=f"{len(episodes)} episodes in {summary['seconds']:.1f}s -> {path}")
@@ -148,6 +153,31 @@ def rollout(
             who = f"tool -> {m.requestor}" if m.role == "tool" else m.role
             text = m.raw if m.raw is not None else m.content
             console.print(f"  [cyan]{who}:[/] {escape(text)}")
+
+
+def _rollout_on_ray(cfg, out: Path):
+    """``scope rollout`` with ``executor: ray``: the workers build their own engines; this process only
+    splits the groups and gathers the episodes (the simulator's batch figures are not gathered)."""
+    import functools
+    import time
+
+    from scope_marl.assembly import build_env, build_rollout
+    from scope_marl.config import dump_config
+    from scope_marl.executor import RayExecutor
+
+    env = build_env(cfg.env)
+    tasks = env.tasks(cfg.split)[: cfg.num_tasks]
+    dump_config(cfg, out / "config.yaml")
+    r = cfg.ray
+    executor = RayExecutor(
+        functools.partial(build_rollout, cfg), workers=r.workers, address=r.address, threads=r.threads, num_cpus=r.num_cpus
+    )
+    try:
+        started = time.perf_counter()
+        episodes = executor.run(tasks, first_group=0)
+        return episodes, time.perf_counter() - started, executor.generated_tokens, env, None
+    finally:
+        executor.close()
 
 
 @app.command()

@@ -43,6 +43,15 @@ class AgentConfig(Section):
     trainable: bool = True
 
 
+class RaySettings(Section):
+    """Rollout workers on Ray (``executor: ray``)."""
+
+    address: str | None = Field(None, description="join this Ray cluster (e.g. ray://head:10001 or auto); none: start a local one")
+    workers: int = Field(2, ge=1, description="rollout workers (actors), each with its own models; a GRPO group never spans two")
+    threads: int = Field(1, ge=1, description="torch threads per worker")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves per worker")
+
+
 class RolloutRunConfig(Section):
     """``scope rollout``: play episodes of one environment and record them."""
 
@@ -52,3 +61,5 @@ class RolloutRunConfig(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     simulator: SimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    executor: Literal["local", "ray"] = Field("local", description="play in this process, or on Ray rollout workers (the ray extra)")
+    ray: RaySettings = Field(default_factory=RaySettings)

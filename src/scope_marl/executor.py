@@ -1,0 +1,185 @@
+"""Where rollouts run: in this process (``local``) or on rollout workers that are Ray actors (``ray``).
+
+Both play whole GRPO groups with the seeds the local engine would give them (per-episode seeds:
+a group's number, its rollout and turn decide every draw), so a Ray run reproduces the local one.
+
+Ray workers:
+
+- each is an actor holding its own engine (models, environment, simulator), built in the actor
+  by a picklable factory, with torch on ``threads`` threads;
+- a step's groups are cut into one contiguous block per worker (a group never spans workers) and
+  each block keeps its groups' numbers;
+- adapter updates go out once through the object store, tagged with a version; a worker asked to
+  play a version it does not hold refuses (:class:`StaleWorker`) instead of sampling from old weights;
+- a worker that dies is replaced (its factory runs again, the newest adapters are loaded) and its
+  block is played again with the same group numbers, so the step's batch is what it would have been.
+
+Ray is an optional extra (``pip install -e '.[ray]'``), imported only here and only when asked for.
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps a local cluster's services on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scope_marl.core.types import Episode
+from scope_marl.envs.base import Task
+from scope_marl.rollout.engine import RolloutEngine
+
+EngineFactory = Callable[[], RolloutEngine]
+
+
+class StaleWorker(RuntimeError):
+    """A worker was asked to play with adapter weights it does not hold."""
+
+
+class LocalExecutor:
+    """The engine in this process (what ``executor: local`` means)."""
+
+    def __init__(self, engine: RolloutEngine):
+        self.engine = engine
+        self.version = 0
+
+    def run(self, tasks: Sequence[Task], first_group: int | None = None) -> list[Episode]:
+        return self.engine.run(tasks, first_group)
+
+    def close(self) -> None:
+        pass
+
+
+def _require_ray():
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("executor 'ray' needs Ray: pip install -e '.[ray]' (make setup installs it)") from None
+    return ray
+
+
+def load_adapter_tensors(engine: RolloutEngine, adapters: dict[str, dict[str, Any]]) -> None:
+    """Copy adapter tensors (name -> peft state dict) into the engine's model(s)."""
+    from peft import set_peft_model_state_dict
+
+    models = {id(engine.agent.model): engine.agent.model}
+    seat = engine.simulator.direct_seat()
+    if seat is not None:
+        models[id(seat.model)] = seat.model
+    for model in models.values():
+        peft_model = getattr(model, "model", None)
+        for name, tensors in adapters.items():
+            if peft_model is not None and name in getattr(peft_model, "peft_config", {}):
+                set_peft_model_state_dict(peft_model, tensors, adapter_name=name)
+
+
+class _Worker:
+    """The actor body: one engine, the adapter version it holds, and a ``play`` that checks it."""
+
+    def __init__(self, factory: EngineFactory, threads: int):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.engine = factory()
+        self.version = 0
+
+    def load(self, adapters: dict[str, dict[str, Any]], version: int) -> int:
+        load_adapter_tensors(self.engine, adapters)
+        self.version = version
+        return version
+
+    def play(self, tasks: Sequence[Task], first_group: int, version: int) -> tuple[list[Episode], dict]:
+        if version != self.version:
+            raise StaleWorker(f"this worker holds adapter version {self.version}, asked to play version {version}")
+        started_tokens = self.engine.stats.generated_tokens
+        episodes = self.engine.run(tasks, first_group)
+        return episodes, {"generated_tokens": self.engine.stats.generated_tokens - started_tokens}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayExecutor:
+    """Rollout workers as Ray actors; see the module doc."""
+
+    def __init__(
+        self,
+        factory: EngineFactory,
+        workers: int = 2,
+        address: str | None = None,
+        threads: int = 1,
+        num_cpus: float = 1,
+    ):
+        ray = _require_ray()
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local cluster listens on 127.0.0.1 only
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        self._ray = ray
+        self._actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(_Worker)
+        self._factory, self._threads = factory, threads
+        self.version = 0
+        self._adapters_ref = None  # the newest adapters in the object store, for replacements
+        self.workers = [self._new_worker() for _ in range(workers)]
+        ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a factory cannot build
+        self.restarts = 0
+        self.generated_tokens = 0
+
+    def _new_worker(self):
+        worker = self._actor_class.remote(self._factory, self._threads)
+        if self._adapters_ref is not None:
+            self._ray.get(worker.load.remote(self._adapters_ref, self.version))
+        return worker
+
+    def push(self, adapters: dict[str, dict[str, Any]], version: int) -> None:
+        """Send changed adapter tensors to every worker once (one object-store copy), tagged ``version``."""
+        self._adapters_ref = self._ray.put(adapters)
+        self._ray.get([w.load.remote(self._adapters_ref, version) for w in self.workers])
+        self.version = version
+
+    def run(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
+        """Play ``tasks`` (one group each, numbered from ``first_group``) across the workers, in task order."""
+        blocks = split_blocks(len(tasks), len(self.workers))
+        pending = {}
+        for w, (start, stop) in enumerate(blocks):
+            if start < stop:
+                pending[w] = self.workers[w].play.remote(list(tasks[start:stop]), first_group + start, self.version)
+        results: dict[int, list[Episode]] = {}
+        while pending:
+            w, ref = next(iter(pending.items()))
+            try:
+                episodes, stats = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError:  # the worker died: replace it, replay its block with the same numbers
+                self.restarts += 1
+                self.workers[w] = self._new_worker()
+                start, stop = blocks[w]
+                pending[w] = self.workers[w].play.remote(list(tasks[start:stop]), first_group + start, self.version)
+                continue
+            except self._ray.exceptions.RayTaskError as err:
+                cause = err.as_instanceof_cause()
+                raise cause from None
+            self.generated_tokens += stats["generated_tokens"]
+            results[w] = episodes
+            del pending[w]
+        return [e for w in sorted(results) for e in results[w]]
+
+    def worker_pids(self) -> list[int]:
+        return self._ray.get([w.pid.remote() for w in self.workers])
+
+    def close(self) -> None:
+        for w in self.workers:
+            self._ray.kill(w)
+        self.workers = []
+        if self._started_ray:
+            self._ray.shutdown()
+
+
+def split_blocks(n: int, parts: int) -> list[tuple[int, int]]:
+    """``n`` groups cut into ``parts`` contiguous blocks whose sizes differ by at most one."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for p in range(parts):
+        stop = start + base + (1 if p < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
