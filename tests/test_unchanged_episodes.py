@@ -62,7 +62,6 @@ def episode_lines(talky_chat) -> list[str]:
 
 
 def lab_line() -> str:
-    torch.set_num_threads(1)
     game = load_game("theory")
     settings = arms.with_settings("theory", steps=4, eval_every=2, eval_groups=4, eval_group_size=4, groups=4, group_size=4)
     run = loop.train_arm(game, "cotrain", seed=0, s=settings, panel=build_panel(game, load_panel("heldout")))
@@ -70,7 +69,12 @@ def lab_line() -> str:
 
 
 def test_p4g_and_lab_episodes_are_unchanged(talky_chat):
-    lines = [*episode_lines(talky_chat), lab_line()]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the float sums of one thread, whatever ran before in this process
+    try:
+        lines = [*episode_lines(talky_chat), lab_line()]
+    finally:
+        torch.set_num_threads(threads)
     if os.environ.get("SCOPE_WRITE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text("\n".join(lines) + "\n")

@@ -33,6 +33,7 @@ from scope_marl.backends.base import (
     cut_at_stop,
 )
 from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache
+from scope_marl.core.seeds import scrambled
 from scope_marl.core.types import Message
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
@@ -307,7 +308,7 @@ class HFChatModel:
             rows = [_Row(list(prompt_ids[i]), adapters[i], keys[i]) for i in chunk]
             if seeds is not None:
                 for i, row in zip(chunk, rows):
-                    row.generator = torch.Generator().manual_seed(seeds[i])
+                    row.generator = torch.Generator().manual_seed(scrambled(seeds[i]))
             for i, out in zip(chunk, self._decode_batch(rows, sampling, generator)):
                 results[i] = out
         return results  # type: ignore[return-value]
