@@ -177,3 +177,56 @@ def test_scope_rollout_runs_a_config_on_ray_workers(tmp_path):
     ray_run, local_run = summaries["ray"], summaries["local"]
     assert ray_run["episodes"] == 8 and ray_run["status"]["COMPLETED"] == 8 and ray_run["tasks"] == 4
     assert ray_run["simulator"]["id"] == "agreeable" and ray_run["rewards"] == local_run["rewards"]  # one task's word is apple
+
+
+def adapted_engine(model_dir: str, lora_b_seed: int | None = None):
+    """A tiny-model engine whose agent plays through LoRA adapter "agent" (B = 0 as created, or random
+    with ``lora_b_seed``): the factory a training run's workers would use."""
+    from peft import LoraConfig
+
+    from scope_marl.backends.hf import HFChatModel
+    from scope_marl.backends.seat import Seat
+    from scope_marl.config import RolloutConfig
+    from scope_marl.envs import SayTheWord
+    from scope_marl.rollout import RolloutEngine
+    from scope_marl.simulators import FrozenSimulator
+
+    chat = HFChatModel.from_pretrained(model_dir, name="tiny")
+    torch.manual_seed(0)
+    chat.add_adapter("agent", LoraConfig(r=4, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+    if lora_b_seed is not None:
+        gen = torch.Generator().manual_seed(lora_b_seed)
+        with torch.no_grad():
+            for name, p in chat.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen))
+    sampling = {"temperature": 1.0, "max_new_tokens": 12}
+    from scope_marl.core.types import SamplingParams
+
+    params = SamplingParams(**sampling)
+    return RolloutEngine(
+        SayTheWord(num_tasks=4, max_exchanges=2),
+        Seat(model=chat, sampling=params, adapter="agent", trainable=True),
+        FrozenSimulator(chat, params),
+        RolloutConfig(group_size=2, seed=9, progress=False, on_empty_reply="keep"),
+    )
+
+
+def test_pushed_adapter_tensors_change_what_workers_sample_to_the_learners_weights(tiny_model_dir, one_thread):
+    from peft import get_peft_model_state_dict
+
+    ray.cloudpickle.register_pickle_by_value(__import__(__name__))  # the factory lives in this test module
+    trained = adapted_engine(str(tiny_model_dir), lora_b_seed=1)  # stands in for the learner after an update
+    tasks = trained.env.tasks("train")
+    expected = trained.run(tasks, first_group=0)
+    tensors = {k: v.clone() for k, v in get_peft_model_state_dict(trained.agent.model.model, adapter_name="agent").items()}
+    executor = RayExecutor(functools.partial(adapted_engine, str(tiny_model_dir)), workers=1)
+    try:
+        before = executor.run(tasks, first_group=0)  # the workers' fresh adapter (B = 0)
+        assert tokens(before) != tokens(expected)
+        executor.push({"agent": tensors}, version=1)
+        assert tokens(executor.run(tasks, first_group=0)) == tokens(expected)
+        with pytest.raises(ValueError, match="holds adapter 'critic'"):
+            executor.push({"critic": tensors}, version=2)
+    finally:
+        executor.close()

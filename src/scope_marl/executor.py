@@ -58,18 +58,17 @@ def _require_ray():
 
 
 def load_adapter_tensors(engine: RolloutEngine, adapters: dict[str, dict[str, Any]]) -> None:
-    """Copy adapter tensors (name -> peft state dict) into the engine's model(s)."""
-    from peft import set_peft_model_state_dict
-
+    """Copy adapter tensors (name -> peft state dict) into every engine model that holds that adapter."""
     models = {id(engine.agent.model): engine.agent.model}
     seat = engine.simulator.direct_seat()
     if seat is not None:
         models[id(seat.model)] = seat.model
-    for model in models.values():
-        peft_model = getattr(model, "model", None)
-        for name, tensors in adapters.items():
-            if peft_model is not None and name in getattr(peft_model, "peft_config", {}):
-                set_peft_model_state_dict(peft_model, tensors, adapter_name=name)
+    for name, tensors in adapters.items():
+        holders = [m for m in models.values() if name in getattr(m, "adapters", [])]
+        if not holders:
+            raise ValueError(f"no model of this worker holds adapter {name!r}; the worker's factory must add it")
+        for model in holders:
+            model.set_adapter_tensors(name, tensors)
 
 
 class _Worker:

@@ -226,6 +226,15 @@ class HFChatModel:
         set_peft_model_state_dict(self.model, load_file(str(Path(folder) / "adapter_model.safetensors")), adapter_name=name)
         self.prefix_cache.clear()
 
+    def set_adapter_tensors(self, name: str, tensors: dict) -> None:
+        """Overwrite adapter ``name``'s weights with a peft state dict held in memory (a Ray worker's update)."""
+        from peft import set_peft_model_state_dict
+
+        if name not in self.adapters:
+            raise BackendError(f"unknown LoRA adapter {name!r}; this backend holds {sorted(self.adapters) or 'none'}")
+        set_peft_model_state_dict(self.model, tensors, adapter_name=name)
+        self.prefix_cache.clear()  # cached states were computed with the old weights
+
     def load_weights(self, path: str | os.PathLike) -> None:
         """Overwrite every weight from a safetensors file written by ``safetensors.torch.save_model``
         (a fully fine-tuned policy)."""
