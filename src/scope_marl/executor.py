@@ -1,6 +1,6 @@
-"""Where rollouts run: in this process (``local``) or on rollout workers that are Ray actors (``ray``).
+"""Rollouts on workers that are Ray actors (``executor: ray``; ``local`` is the engine in this process).
 
-Both play whole GRPO groups with the seeds the local engine would give them (per-episode seeds:
+Workers play whole GRPO groups with the seeds the local engine would give them (per-episode seeds:
 a group's number, its rollout and turn decide every draw), so a Ray run reproduces the local one.
 
 Ray workers:
@@ -33,20 +33,6 @@ EngineFactory = Callable[[], RolloutEngine]
 
 class StaleWorker(RuntimeError):
     """A worker was asked to play with adapter weights it does not hold."""
-
-
-class LocalExecutor:
-    """The engine in this process (what ``executor: local`` means)."""
-
-    def __init__(self, engine: RolloutEngine):
-        self.engine = engine
-        self.version = 0
-
-    def run(self, tasks: Sequence[Task], first_group: int | None = None) -> list[Episode]:
-        return self.engine.run(tasks, first_group)
-
-    def close(self) -> None:
-        pass
 
 
 def _require_ray():
