@@ -56,21 +56,25 @@ def tokens(episodes):
     ]
 
 
+def local_and_ray(cfg: RolloutRunConfig, workers: int):
+    """The config's tasks played by the local engine, then by ``workers`` Ray workers: (local, ray, worker pids)."""
+    local = build_rollout(cfg)
+    tasks = local.env.tasks("train")[: cfg.num_tasks]
+    expected = local.run(tasks)
+    executor = RayExecutor(functools.partial(build_rollout, cfg), workers=workers)
+    try:
+        return expected, executor.run(tasks, first_group=0), executor.worker_pids()
+    finally:
+        executor.close()
+
+
 def test_blocks_are_contiguous_and_balanced():
     assert split_blocks(5, 2) == [(0, 3), (3, 5)]
     assert split_blocks(1, 3) == [(0, 1), (1, 1), (1, 1)]
 
 
 def test_one_worker_plays_exactly_the_local_episodes(tiny_model_dir, one_thread):
-    cfg = tiny_config(tiny_model_dir)
-    local = build_rollout(cfg)
-    tasks = local.env.tasks("train")[: cfg.num_tasks]
-    expected = local.run(tasks)
-    executor = RayExecutor(functools.partial(build_rollout, cfg), workers=1)
-    try:
-        got = executor.run(tasks, first_group=0)
-    finally:
-        executor.close()
+    expected, got, _ = local_and_ray(tiny_config(tiny_model_dir), workers=1)
     assert tokens(got) == tokens(expected)
     for a, b in zip(got, expected):
         for role in a.streams:
@@ -82,16 +86,8 @@ def test_two_workers_keep_groups_whole_and_match_the_local_run(tiny_model_dir, o
     a worker's batch has the local batch's shape; otherwise padding can change logits in the last bits,
     which can flip a draw on this random model's flat distributions: the stated check is that every
     group is whole, ids, order and simulators are the local ones, and most episodes are identical."""
-    cfg = tiny_config(tiny_model_dir, tasks=6)
-    local = build_rollout(cfg)
-    tasks = local.env.tasks("train")[: cfg.num_tasks]
-    expected = local.run(tasks)
-    executor = RayExecutor(functools.partial(build_rollout, cfg), workers=2)
-    try:
-        assert len(set(executor.worker_pids())) == 2
-        got = executor.run(tasks, first_group=0)
-    finally:
-        executor.close()
+    expected, got, pids = local_and_ray(tiny_config(tiny_model_dir, tasks=6), workers=2)
+    assert len(set(pids)) == 2
     assert [(e.episode_id, e.group_id, e.simulator_id) for e in got] == [(e.episode_id, e.group_id, e.simulator_id) for e in expected]
     same = sum(a == b for a, b in zip(tokens(got), tokens(expected)))
     assert same >= len(expected) // 2, f"only {same} of {len(expected)} episodes equal the local ones"
@@ -106,14 +102,7 @@ def test_scripted_episodes_are_equal_on_two_workers():
             "rollout": {"group_size": 3, "progress": False},
         }
     )
-    local = build_rollout(cfg)
-    tasks = local.env.tasks("train")
-    expected = local.run(tasks)
-    executor = RayExecutor(functools.partial(build_rollout, cfg), workers=2)
-    try:
-        got = executor.run(tasks, first_group=0)
-    finally:
-        executor.close()
+    expected, got, _ = local_and_ray(cfg, workers=2)
     strip = lambda es: [e.model_dump(exclude={"timings"}) for e in es]
     assert strip(got) == strip(expected) and len(got) == 15
 

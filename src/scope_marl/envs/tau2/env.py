@@ -214,13 +214,10 @@ class Tau2(Environment):
         return {"name": self.name, "domain": self.domain, "max_steps": self.max_steps, "max_errors": self.max_errors, "splits": sizes}
 
 
-def tau2_reward(env: Tau2, task: Task, messages: Sequence[Message], termination: str):
-    """tau2's ``evaluate_simulation`` under ``EvaluationType.ALL`` on our messages; with a judge, tasks
-    scored by natural-language assertions get the judge's verdicts multiplied in."""
+def evaluate_all(domain_name: str, tau2_task, tau2_messages: list, termination: str):
+    """tau2's own ``evaluate_simulation`` under ``EvaluationType.ALL`` on a list of tau2 messages."""
     ev = quiet_import("tau2.evaluator.evaluator")
     sim_models = quiet_import("tau2.data_model.simulation")
-    tasks_models = quiet_import("tau2.data_model.tasks")
-    tau2_task = env.task_of(task)
     now = quiet_import("tau2.utils.utils").get_now()
     simulation = sim_models.SimulationRun(
         id=str(uuid.uuid4()),
@@ -229,14 +226,22 @@ def tau2_reward(env: Tau2, task: Task, messages: Sequence[Message], termination:
         end_time=now,
         duration=0.0,
         termination_reason=termination,
-        messages=to_tau2(messages),
+        messages=tau2_messages,
     )
+    return ev.evaluate_simulation(
+        simulation=simulation, task=tau2_task, evaluation_type=ev.EvaluationType.ALL, solo_mode=False, domain=domain_name
+    )
+
+
+def tau2_reward(env: Tau2, task: Task, messages: Sequence[Message], termination: str):
+    """:func:`evaluate_all` on our messages; with a judge, tasks scored by natural-language assertions
+    get the judge's verdicts multiplied in."""
+    tasks_models = quiet_import("tau2.data_model.tasks")
+    tau2_task = env.task_of(task)
     criteria = tau2_task.evaluation_criteria
     nl = tasks_models.RewardType.NL_ASSERTION
     if criteria is None or nl not in (criteria.reward_basis or []):
-        return ev.evaluate_simulation(
-            simulation=simulation, task=tau2_task, evaluation_type=ev.EvaluationType.ALL, solo_mode=False, domain=env.domain
-        )
+        return evaluate_all(env.domain, tau2_task, to_tau2(messages), termination)
     if env.judge is None:
         raise ValueError(
             f"tau2 task {tau2_task.id} is scored by natural-language assertions, which need an LLM judge; "
@@ -244,9 +249,7 @@ def tau2_reward(env: Tau2, task: Task, messages: Sequence[Message], termination:
         )
     rest = tau2_task.model_copy(deep=True)
     rest.evaluation_criteria.reward_basis = [b for b in criteria.reward_basis if b != nl]
-    info = ev.evaluate_simulation(
-        simulation=simulation, task=rest, evaluation_type=ev.EvaluationType.ALL, solo_mode=False, domain=env.domain
-    )
+    info = evaluate_all(env.domain, rest, to_tau2(messages), termination)
     transcript = "\n".join(f"{m.role}: {m.content}" for m in messages if m.role != TOOL and m.content)
     verdicts = list(env.judge(criteria.nl_assertions or [], transcript))
     info.reward = info.reward * float(all(verdicts))

@@ -8,11 +8,11 @@ gold trajectory with one thing wrong. ``empty`` is the agent that greets and doe
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
 
+from scope_marl.envs.tau2.env import evaluate_all
 from scope_marl.envs.tau2.package import domain, quiet_import
 
 GREETING = "Hi! How can I help you today?"  # tau2's DEFAULT_FIRST_AGENT_MESSAGE (a test checks it is still tau2's)
@@ -136,19 +136,4 @@ def perturbed(domain_name: str, tau2_task) -> list[Trajectory]:
 
 def tau2_score(domain_name: str, tau2_task, trajectory: Trajectory) -> float:
     """tau2's own evaluator (``EvaluationType.ALL``) on a trajectory of tau2 messages."""
-    ev = quiet_import("tau2.evaluator.evaluator")
-    sim = quiet_import("tau2.data_model.simulation")
-    now = quiet_import("tau2.utils.utils").get_now()
-    run = sim.SimulationRun(
-        id=str(uuid.uuid4()),
-        task_id=tau2_task.id,
-        start_time=now,
-        end_time=now,
-        duration=0.0,
-        termination_reason=trajectory.termination,
-        messages=trajectory.messages,
-    )
-    info = ev.evaluate_simulation(
-        simulation=run, task=tau2_task, evaluation_type=ev.EvaluationType.ALL, solo_mode=False, domain=domain_name
-    )
-    return float(info.reward)
+    return float(evaluate_all(domain_name, tau2_task, trajectory.messages, trajectory.termination).reward)
