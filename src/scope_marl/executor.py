@@ -67,8 +67,10 @@ class _Worker:
         self.engine = factory()
         self.version = 0
 
-    def load(self, adapters: dict[str, dict[str, Any]], version: int) -> int:
+    def load(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> int:
         load_adapter_tensors(self.engine, adapters)
+        if simulator_id is not None:  # a pool member now plays in the simulator adapter: episodes name it
+            self.engine.simulator.simulator_id = simulator_id
         self.version = version
         return version
 
@@ -105,6 +107,7 @@ class RayExecutor:
         self._factory, self._threads = factory, threads
         self.version = 0
         self._adapters_ref = None  # the newest adapters in the object store, for replacements
+        self._simulator_id: str | None = None
         self.workers = [self._new_worker() for _ in range(workers)]
         ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a factory cannot build
         self.restarts = 0
@@ -113,13 +116,17 @@ class RayExecutor:
     def _new_worker(self):
         worker = self._actor_class.remote(self._factory, self._threads)
         if self._adapters_ref is not None:
-            self._ray.get(worker.load.remote(self._adapters_ref, self.version))
+            self._ray.get(worker.load.remote(self._adapters_ref, self.version, self._simulator_id))
         return worker
 
-    def push(self, adapters: dict[str, dict[str, Any]], version: int) -> None:
-        """Send changed adapter tensors to every worker once (one object-store copy), tagged ``version``."""
-        self._adapters_ref = self._ray.put(adapters)
-        self._ray.get([w.load.remote(self._adapters_ref, version) for w in self.workers])
+    def push(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> None:
+        """Send changed adapter tensors to every worker once (one object-store copy), tagged ``version``
+        (and the simulator's new id, when a pool member was loaded into its adapter)."""
+        ref = self._ray.put(adapters)
+        self._ray.get([w.load.remote(ref, version, simulator_id) for w in self.workers])
+        # A replacement worker starts from fresh adapters: it gets every adapter pushed so far, newest values.
+        self._adapters_ref = ref if self._adapters_ref is None else self._ray.put({**self._ray.get(self._adapters_ref), **adapters})
+        self._simulator_id = simulator_id or self._simulator_id
         self.version = version
 
     def run(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:

@@ -226,6 +226,14 @@ class HFChatModel:
         set_peft_model_state_dict(self.model, load_file(str(Path(folder) / "adapter_model.safetensors")), adapter_name=name)
         self.prefix_cache.clear()
 
+    def adapter_tensors(self, name: str) -> dict:
+        """Adapter ``name``'s weights as a peft state dict (detached copies): what a Ray worker is sent."""
+        from peft import get_peft_model_state_dict
+
+        if name not in self.adapters:
+            raise BackendError(f"unknown LoRA adapter {name!r}; this backend holds {sorted(self.adapters) or 'none'}")
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
+
     def set_adapter_tensors(self, name: str, tensors: dict) -> None:
         """Overwrite adapter ``name``'s weights with a peft state dict held in memory (a Ray worker's update)."""
         from peft import set_peft_model_state_dict

@@ -50,6 +50,7 @@ class RaySettings(Section):
     workers: int = Field(2, ge=1, description="rollout workers (actors), each with its own models; a GRPO group never spans two")
     threads: int = Field(1, ge=1, description="torch threads per worker")
     num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves per worker")
+    learner_gpus: float = Field(0.0, ge=0, description="scope train: GPUs Ray gives the learner actor (it reserves no CPU)")
 
 
 class RolloutRunConfig(Section):

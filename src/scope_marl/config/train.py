@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from scope_marl.config.env import EnvConfig, SayTheWordConfig, Split
 from scope_marl.config.loading import Section
-from scope_marl.config.rollout import RolloutConfig
+from scope_marl.config.rollout import RaySettings, RolloutConfig
 from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
 from scope_marl.core.types import EpisodeStatus, SamplingParams
 
@@ -85,6 +85,8 @@ class TrainConfig(Section):
     threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
     tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")
+    executor: Literal["local", "ray"] = Field("local", description="rollouts in this process, or on Ray rollout workers (the ray extra)")
+    ray: RaySettings = Field(default_factory=RaySettings)
 
     @model_validator(mode="after")
     def _roles_match_simulator(self) -> TrainConfig:
@@ -100,4 +102,9 @@ class TrainConfig(Section):
             )
         if self.pool is not None and self.simulator.mode != "trainable":
             raise ValueError("pool (population co-training) needs simulator.mode: trainable")
+        if self.executor == "ray" and self.finetune == "full":
+            raise ValueError(
+                "executor: ray sends the changed adapter tensors to the workers after each update; finetune: full would send "
+                "every weight each step, which is not supported: use finetune: lora, or executor: local"
+            )
         return self

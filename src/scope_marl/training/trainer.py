@@ -15,6 +15,7 @@ and loads a drawn member into the simulator adapter before each rollout.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -40,6 +41,45 @@ from scope_marl.training.learner import Learner
 from scope_marl.training.tensorboard import TensorBoardWriter
 
 ADAPTERS = {AGENT: "agent", USER: "simulator"}
+
+
+def add_run_adapters(chat: HFChatModel, cfg: TrainConfig) -> None:
+    """The run's LoRA adapters on the base: the agent's (unless it is fully fine-tuned) and, in
+    co-training, the simulator's."""
+    from peft import LoraConfig
+
+    lora = cfg.lora
+    roles = ([] if cfg.finetune == "full" else [AGENT]) + ([USER] if cfg.simulator.mode == "trainable" else [])
+    for role in roles:
+        if ADAPTERS[role] not in chat.adapters:
+            config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
+            chat.add_adapter(ADAPTERS[role], config)
+
+
+def build_policies(cfg: TrainConfig, models: ModelCache) -> tuple[HFChatModel, HFChatModel, RolloutEngine]:
+    """The base model with the run's adapters, the model the agent plays on (the base, or its own full
+    copy) and the rollout engine: what the trainer plays with, and what each Ray rollout worker builds."""
+    chat = models.get(cfg.model)
+    if not isinstance(chat, HFChatModel):
+        raise ValueError(f"training needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
+    # LoRA: the agent is an adapter on the shared base. Full fine-tuning: the agent is its own
+    # copy of the weights, and the shared base (which frozen simulators also play on) is its KL reference.
+    full = cfg.finetune == "full"
+    agent_chat = load_backend(cfg.model) if full else chat
+    if full:
+        chat.model.requires_grad_(False)
+    add_run_adapters(chat, cfg)
+    env = build_env(cfg.env, models)
+    simulator = build_simulator(cfg.simulator, models)
+    agent = Seat(
+        model=agent_chat, sampling=cfg.agent_sampling, adapter=None if full else ADAPTERS[AGENT], trainable=AGENT in cfg.trainable_roles
+    )
+    return chat, agent_chat, RolloutEngine(env, agent, simulator, cfg.rollout)
+
+
+def worker_engine(cfg: TrainConfig) -> RolloutEngine:
+    """A Ray rollout worker's engine: the run's models and adapters (their weights arrive by push)."""
+    return build_policies(cfg, ModelCache())[2]
 
 
 class Evaluator(Protocol):
@@ -76,21 +116,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
         models = ModelCache()
-        self.chat = models.get(cfg.model)
-        if not isinstance(self.chat, HFChatModel):
-            raise ValueError(f"training needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
-        # LoRA: the agent is an adapter on the shared base. Full fine-tuning: the agent is its own
-        # copy of the weights, and the shared base (which frozen simulators also play on) is its KL reference.
+        self.chat, self.agent_chat, self.engine = build_policies(cfg, models)
         self.full = cfg.finetune == "full"
-        self.agent_chat = load_backend(cfg.model) if self.full else self.chat
         self.agent_adapter = None if self.full else ADAPTERS[AGENT]
-        if self.full:
-            self.chat.model.requires_grad_(False)
-        self._add_adapters()
-        self.env = build_env(cfg.env, models)
-        self.simulator = build_simulator(cfg.simulator, models)
-        agent = Seat(model=self.agent_chat, sampling=cfg.agent_sampling, adapter=self.agent_adapter, trainable=AGENT in cfg.trainable_roles)
-        self.engine = RolloutEngine(self.env, agent, self.simulator, cfg.rollout)
+        self.env, self.simulator = self.engine.env, self.engine.simulator
         self.learners = {}
         for role in cfg.trainable_roles:
             learner = cfg.learner if role == AGENT or cfg.simulator_learner is None else cfg.simulator_learner
@@ -110,16 +139,16 @@ class Trainer:
         # The agent's recent mean rewards against each pool member, for prioritized selection.
         self.member_rewards: dict[str, list[float]] = {}
         self.member: str | None = None
+        # Ray rollout workers (executor: ray) hold their own copies of the models; adapters changed
+        # since the last push are sent before the next rollout, tagged with the step they are from.
+        self.executor = None
+        self._unsynced = self._run_adapters()
+        if cfg.executor == "ray":
+            from scope_marl.executor import RayExecutor
 
-    def _add_adapters(self) -> None:
-        from peft import LoraConfig
-
-        lora = self.cfg.lora
-        roles = ([] if self.full else [AGENT]) + ([USER] if self.cfg.simulator.mode == "trainable" else [])
-        for role in roles:
-            if ADAPTERS[role] not in self.chat.adapters:
-                config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
-                self.chat.add_adapter(ADAPTERS[role], config)
+            r = cfg.ray
+            factory = functools.partial(worker_engine, cfg)
+            self.executor = RayExecutor(factory, workers=r.workers, address=r.address, threads=r.threads, num_cpus=r.num_cpus)
 
     # ---- data --------------------------------------------------------------------------------
     def next_tasks(self):
@@ -140,7 +169,7 @@ class Trainer:
         if self.cfg.pool is not None:
             self._ensure_pool()
             self._load_pool_member()
-        episodes = self.engine.run(self.next_tasks())
+        episodes = self._play(self.next_tasks())
         rollout_s = time.perf_counter() - started
         self.recorder.write_batch(episodes)
         self.step += 1
@@ -165,6 +194,7 @@ class Trainer:
         update_started = time.perf_counter()
         for role, learner in self.learners.items():
             record[f"train_{role}"] = learner.step(episodes)
+            self._unsynced.add(ADAPTERS[role])
         record["update_s"] = time.perf_counter() - update_started
         if self.cfg.pool is not None and self.step % self.cfg.pool.every == 0:
             self._snapshot_simulator()
@@ -186,6 +216,25 @@ class Trainer:
             self.save()
         return record
 
+    def _run_adapters(self) -> set[str]:
+        """The run's adapters on the base (the ones the Ray workers' factory adds)."""
+        return {name for name in ADAPTERS.values() if name in self.chat.adapters}
+
+    def _play(self, tasks) -> list:
+        """One step's groups: on the local engine, or on the Ray workers under the numbers the local
+        engine would give them (so both paths sample the same episodes)."""
+        if self.executor is None:
+            return self.engine.run(tasks)
+        if self._unsynced:
+            adapters = {name: self.chat.adapter_tensors(name) for name in sorted(self._unsynced)}
+            simulator_id = self.engine.simulator.simulator_id if self.pool is not None else None
+            self.executor.push(adapters, version=self.step, simulator_id=simulator_id)
+            self._unsynced.clear()
+        first = self.engine.state_dict()["groups"]
+        episodes = self.executor.run(tasks, first_group=first)
+        self.engine.load_state_dict({"groups": first + len(tasks)})
+        return episodes
+
     def run(self, progress: bool = True) -> list[dict]:
         from tqdm.auto import tqdm
 
@@ -202,8 +251,13 @@ class Trainer:
         return records
 
     def close(self) -> None:
-        """Release the run directory (another process may then resume it)."""
-        self.lock.release()
+        """Stop the Ray workers (if any) and release the run directory (another process may then resume it)."""
+        try:
+            if self.executor is not None:
+                self.executor.close()
+                self.executor = None
+        finally:
+            self.lock.release()
 
     # ---- population --------------------------------------------------------------------------
     def _ensure_pool(self) -> None:
@@ -232,6 +286,7 @@ class Trainer:
         member = self.pool.select(rng=random.Random(derive_seed(self.cfg.seed, self.step)), scores=scores)
         self.member = member.member_id
         self.chat.load_adapter_weights(ADAPTERS[USER], Path(member.path))
+        self._unsynced.add(ADAPTERS[USER])
         self.engine.simulator.simulator_id = f"trainable:{member.member_id}"
 
     # ---- checkpoints -------------------------------------------------------------------------
@@ -296,6 +351,7 @@ class Trainer:
         checkpoint.restore_rng(rng)
         self.engine.load_state_dict(rng["engine"])
         self.step, self.cursor, self.best = state["step"], state["cursor"], state["best"]
+        self._unsynced = self._run_adapters()
         self.member_rewards = state.get("member_rewards", {})
 
     def _truncate_metrics(self, log: Callable[[str], None]) -> None:
