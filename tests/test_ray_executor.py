@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+import yaml
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed; `make setup` installs it")
 
@@ -261,3 +262,58 @@ def test_training_on_one_ray_worker_equals_local_training(tiny_model_dir, tmp_pa
             assert torch.allclose(ray_adapters[name][key], value, atol=1e-6, rtol=0), (name, key)
     for name in ("agent", "simulator"):
         assert any(v.abs().sum() > 0 for k, v in local_adapters[name].items() if "lora_B" in k), f"the updates moved {name}"
+
+
+def test_scope_train_on_ray_runs_the_trainer_as_a_learner_actor_and_resumes_exactly(tiny_model_dir, tmp_path, one_thread):
+    """`scope train` with executor: ray (the trainer in a learner actor, rollouts on a worker) writes the
+    local run's episodes, metrics and checkpoints; a run resumed from an older checkpoint on Ray plays
+    the dropped step again identically."""
+    import shutil
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+    from scope_marl.core import run_layout
+    from tests.test_trainer import comparable, config
+
+    def outcome(run):
+        episodes = [json.loads(line) for p in sorted((run / "rollouts").glob("*.jsonl")) for line in p.open()]
+        metrics = [comparable(json.loads(line)) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        last = run_layout.list_checkpoints(run)[-1]
+        return (
+            [{k: v for k, v in e.items() if k != "timings"} for e in episodes],
+            metrics,
+            load_file(run_layout.saved_adapter(last, "agent") / "adapter_model.safetensors"),
+        )
+
+    runner = CliRunner()
+    results = {}
+    for executor in ("local", "ray"):
+        cfg = config(
+            tiny_model_dir,
+            steps=2,
+            checkpoint_every=1,
+            learner={"lr": 0.01, "entropy_coef": 0.01},
+            eval={"every": 0},
+            executor=executor,
+            ray={"workers": 1},
+        )
+        (tmp_path / f"{executor}.yaml").write_text(yaml.safe_dump(cfg))
+        result = runner.invoke(app, ["train", str(tmp_path / f"{executor}.yaml"), "--out", str(tmp_path / executor)])
+        assert result.exit_code == 0, result.output
+        assert "trained to step 2" in result.output
+        results[executor] = outcome(tmp_path / executor)
+    (local_eps, local_metrics, local_agent), (ray_eps, ray_metrics, ray_agent) = results["local"], results["ray"]
+    assert len(ray_eps) == 8 and ray_eps == local_eps and ray_metrics == local_metrics
+    assert local_agent.keys() == ray_agent.keys() and all(
+        torch.allclose(ray_agent[k], v, atol=1e-6, rtol=0) for k, v in local_agent.items()
+    )
+
+    shutil.rmtree(run_layout.checkpoint_dir(tmp_path / "ray", 2))  # as if the run died before saving step 2
+    result = runner.invoke(app, ["train", "--resume", str(tmp_path / "ray")])
+    assert result.exit_code == 0, result.output
+    assert outcome(tmp_path / "ray")[:2] == (local_eps, local_metrics)
+
+    again = runner.invoke(app, ["train", str(tmp_path / "ray.yaml"), "--out", str(tmp_path / "ray")])
+    assert again.exit_code == 2 and "already holds a run" in again.output and "Traceback" not in again.output

@@ -192,19 +192,18 @@ def train(
     Example: scope train configs/train_p4g_frozen.yaml --out runs/frozen   (then: scope train --resume runs/frozen)
     """
     from scope_marl.config import TrainConfig, load_config
-    from scope_marl.experiment import resume as resume_run
-    from scope_marl.experiment import start
+    from scope_marl.core import run_layout
+    from scope_marl.experiment import train as train_run
 
-    if resume is not None:
-        trainer = resume_run(resume, log=lambda m: console.print(escape(m), soft_wrap=True))
-    elif config is None or out is None:
+    if resume is None and (config is None or out is None):
         fail("give a CONFIG and --out RUN_DIR, or --resume RUN_DIR")
-    else:
-        trainer = start(load_config(config, TrainConfig), out)
-    records = trainer.run()
+    cfg = load_config(config, TrainConfig) if resume is None else None
+    run_dir = resume if resume is not None else out
+    records = train_run(cfg, run_dir, log=lambda m: console.print(escape(m), soft_wrap=True))
     last = records[-1] if records else {}
+    step = last.get("step", "its last")
     console.print(
-        f"trained to step {trainer.step}; metrics in {trainer.metrics_path}; last agent reward "
+        f"trained to step {step}; metrics in {Path(run_dir) / run_layout.METRICS}; last agent reward "
         f"{last.get('reward_agent', {}).get('mean', float('nan')):.3f}",
         soft_wrap=True,
     )

@@ -57,6 +57,25 @@ def load_adapter_tensors(engine: RolloutEngine, adapters: dict[str, dict[str, An
             model.set_adapter_tensors(name, tensors)
 
 
+def connect(address: str | None = None):
+    """Ray, initialized: joined to the cluster at ``address``, or a local one started here (its
+    services on 127.0.0.1). Returns (ray, whether this call started it: then the caller shuts it down)."""
+    ray = _require_ray()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local cluster listens on 127.0.0.1 only
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return ray, False
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return ray, True
+
+
+def raised_cause(ray, err: Exception) -> BaseException:
+    """The exception a Ray task raised, unwrapped, so a user sees the real error and not Ray's wrapper."""
+    if isinstance(err, ray.exceptions.RayTaskError):
+        return err.cause if isinstance(err.cause, BaseException) else err.as_instanceof_cause()
+    return err
+
+
 class _Worker:
     """The actor body: one engine, the adapter version it holds, and a ``play`` that checks it."""
 
@@ -96,12 +115,7 @@ class RayExecutor:
         threads: int = 1,
         num_cpus: float = 1,
     ):
-        ray = _require_ray()
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local cluster listens on 127.0.0.1 only
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        self._started_ray = not ray.is_initialized()
-        if self._started_ray:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray, self._started_ray = connect(address)
         self._ray = ray
         self._actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(_Worker)
         self._factory, self._threads = factory, threads
@@ -148,8 +162,7 @@ class RayExecutor:
                 pending[w] = self.workers[w].play.remote(list(tasks[start:stop]), first_group + start, self.version)
                 continue
             except self._ray.exceptions.RayTaskError as err:
-                cause = err.as_instanceof_cause()
-                raise cause from None
+                raise raised_cause(self._ray, err) from None
             self.generated_tokens += stats["generated_tokens"]
             results[w] = episodes
             del pending[w]

@@ -54,6 +54,69 @@ def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
         raise
 
 
+def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None] = print, progress: bool = True) -> list[dict]:
+    """Start (``cfg`` given) or resume (``cfg`` None) a run and train it to its last step; the records of
+    the steps played. With ``executor: ray`` the trainer runs as a learner actor on the Ray cluster."""
+    saved = Path(run_dir) / run_layout.CONFIG
+    executor = cfg.executor if cfg is not None else read_run_config(run_dir).executor if saved.exists() else "local"
+    if executor == "ray":
+        return _train_on_ray(cfg, run_dir, log, progress)
+    trainer = start(cfg, run_dir) if cfg is not None else resume(run_dir, log)
+    return trainer.run(progress)
+
+
+class _LearnerActor:
+    """The trainer as a Ray actor: it reserves no CPU (``num_cpus=0``), so the rollout workers it
+    starts get every core; ``ray.learner_gpus`` gives it GPUs on a cluster that has them. It writes the
+    run directory itself (local disk, or storage the cluster shares)."""
+
+    def open(self, cfg: TrainConfig | None, run_dir: str) -> tuple[int, int, list[str]]:
+        """Start or resume the run (a method, not the constructor, so its errors reach the caller as
+        they are); returns (step, steps, warnings met on the way)."""
+        warnings: list[str] = []
+        self.trainer = start(cfg, run_dir) if cfg is not None else resume(run_dir, warnings.append)
+        return self.trainer.step, self.trainer.cfg.steps, warnings
+
+    def train_step(self) -> dict:
+        return self.trainer.train_step()
+
+    def close(self) -> None:
+        self.trainer.close()
+
+
+def _train_on_ray(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None], progress: bool) -> list[dict]:
+    from tqdm.auto import tqdm
+
+    from scope_marl.executor import connect, raised_cause
+
+    settings = (cfg or read_run_config(run_dir)).ray
+    ray, started = connect(settings.address)
+    actor = None
+    try:
+        learner = ray.remote(num_cpus=0, num_gpus=settings.learner_gpus, max_restarts=0)(_LearnerActor)
+        actor = learner.remote()
+        records = []
+        try:
+            step, steps, warnings = ray.get(actor.open.remote(cfg, str(Path(run_dir).resolve())))
+            for message in warnings:
+                log(message)
+            with tqdm(total=steps, initial=step, desc="train", unit="step", disable=not progress) as bar:
+                for _ in range(step, steps):
+                    record = ray.get(actor.train_step.remote())
+                    records.append(record)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
+        except ray.exceptions.RayTaskError as err:
+            raise raised_cause(ray, err) from None
+        ray.get(actor.close.remote())
+        return records
+    finally:
+        if actor is not None:
+            ray.kill(actor)  # its process ends: the run's lock goes with it
+        if started:
+            ray.shutdown()
+
+
 def evaluate_trainer(trainer: Trainer, panel: Panel, log: Callable[[str], None] = print) -> dict:
     """The trainer's current agent against any panel (e.g. the demo's held-out panel after training)."""
     agent = AgentUnderTest(trainer.agent_chat, trainer.agent_adapter, f"step {trainer.step}", trainer.models, trainer.step)
