@@ -223,8 +223,9 @@ def test_pushed_adapter_tensors_change_what_workers_sample_to_the_learners_weigh
 
 
 def test_training_on_one_ray_worker_equals_local_training(tiny_model_dir, tmp_path, one_thread):
-    """Population co-training (both adapters trained, a pool member loaded each step) with rollouts on
-    one Ray worker: the same episodes token for token, the same metrics, adapters within 1e-6."""
+    """Population co-training (both adapters trained, a pool member loaded each step) with rollouts and
+    the evaluation panel on one Ray worker: the same episodes token for token, the same metrics
+    (evaluation included), adapters within 1e-6."""
     from scope_marl.config import TrainConfig
     from scope_marl.experiment import start
     from tests.test_trainer import comparable, config
@@ -240,7 +241,7 @@ def test_training_on_one_ray_worker_equals_local_training(tiny_model_dir, tmp_pa
             steps=3,
             learner={"lr": 0.01, "entropy_coef": 0.01},  # the tiny model's rewards are constant: entropy moves both adapters
             simulator_learner={"lr": 0.01, "entropy_coef": 0.01},
-            eval={"every": 0},
+            eval={**config(tiny_model_dir)["eval"], "every": 3},  # on Ray: the panel played by the workers
             executor=executor,
             ray={"workers": 1},
         )
@@ -249,6 +250,7 @@ def test_training_on_one_ray_worker_equals_local_training(tiny_model_dir, tmp_pa
         adapters = {name: trainer.chat.adapter_tensors(name) for name in ("agent", "simulator")}
         episodes = [json.loads(line) for p in sorted((tmp_path / executor / "rollouts").glob("*.jsonl")) for line in p.open()]
         runs[executor] = ([comparable(r) for r in records], adapters, episodes)
+        assert "eval" in records[-1]
     (local_metrics, local_adapters, local_episodes), (ray_metrics, ray_adapters, ray_episodes) = runs["local"], runs["ray"]
     assert trainer.executor is None, "close() stops the workers"
     strip = lambda es: [{k: v for k, v in e.items() if k != "timings"} for e in es]
@@ -317,3 +319,46 @@ def test_scope_train_on_ray_runs_the_trainer_as_a_learner_actor_and_resumes_exac
 
     again = runner.invoke(app, ["train", str(tmp_path / "ray.yaml"), "--out", str(tmp_path / "ray")])
     assert again.exit_code == 2 and "already holds a run" in again.output and "Traceback" not in again.output
+
+
+def test_scope_eval_fans_a_panel_out_over_ray_workers(tiny_model_dir, tmp_path, one_thread):
+    """`scope eval --ray-workers 2`: one job per (simulator, task block), the same results as here (one
+    block per simulator, so every batch has the local shape: equal to the last bit)."""
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+    from tests.test_evaluation import scripted_panel
+
+    (tmp_path / "panel.yaml").write_text(yaml.safe_dump(scripted_panel().model_dump(mode="json")))
+    common = ["eval", "--checkpoint", "base", "--model", f"hf:{tiny_model_dir}", "--panel", str(tmp_path / "panel.yaml")]
+    outputs = {}
+    for name, extra in (("local", []), ("ray", ["--ray-workers", "2"])):
+        result = CliRunner().invoke(app, [*common, "--out", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output
+        outputs[name] = json.loads((tmp_path / name / "eval.json").read_text())
+    assert outputs["ray"] == outputs["local"] and outputs["ray"]["heldout"]["episodes"] == 12
+
+
+def test_panel_blocks_on_ray_keep_their_group_numbers(tmp_path):
+    """Two workers, one simulator: its four tasks cut into two blocks that keep their group numbers. The
+    simulator is a round-robin rotation (group k plays member k mod 4, one giver among four), so a block
+    numbered from 0 again would play the giver twice."""
+    from scope_marl.evaluation.evaluate import evaluate_panel, load_agent
+    from tests.test_evaluation import GIVES, REFUSES, scripted_panel
+
+    members = [{"mode": "frozen", "id": f"m{i}", "model": f"scripted:{GIVES if i == 0 else REFUSES}"} for i in range(4)]
+    rotation = {"id": "rot", "simulator": {"mode": "rotation", "order": "round_robin", "members": members}}
+    panel = scripted_panel(tasks_per_simulator=4, simulators=[rotation])
+    agent = load_agent("base", model="scripted:Would you donate to Save the Children?")
+    local = evaluate_panel(panel, agent, log=lambda _: None)
+    with pytest.raises(ValueError, match=r"ray.workers 4 x ray.num_cpus 1 needs 4 CPUs but the Ray cluster has 2; lower"):
+        RayExecutor(None, workers=4)
+    executor = RayExecutor(None, workers=2)
+    messages = []
+    try:
+        fanned = evaluate_panel(panel, agent, log=messages.append, executor=executor)
+    finally:
+        executor.close()
+    assert messages == ["evaluating base against 1 simulator(s): 2 jobs on 2 Ray worker(s)"]
+    assert local["all"]["episodes"] == 8 and local["all"]["success"]["mean"] == 0.25
+    assert fanned == local

@@ -257,6 +257,8 @@ def eval_command(
     samples: int = typer.Option(None, "--samples", min=1, help="override the panel's samples per task (pass^k up to k = samples)"),
     seed: int = typer.Option(None, "--seed", help="override the panel's seed"),
     training: list[str] = typer.Option([], "--training", help="mark a panel simulator id as used in training (repeatable)"),
+    ray_workers: int = typer.Option(0, "--ray-workers", min=0, help="fan the panel out over N Ray workers (the ray extra); 0: here"),
+    ray_address: str = typer.Option(None, "--ray-address", help="join this Ray cluster (auto, ray://HEAD:10001); default: a local one"),
 ) -> None:
     """Evaluate an agent against every simulator of a panel: reward and success with 95% intervals,
     pass^k, policy entropy, turn diversity, failed / truncated counts, and the held-out aggregate.
@@ -273,7 +275,17 @@ def eval_command(
     if unknown:
         fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
     agent = load_agent(checkpoint, model)
-    results = evaluate_panel(chosen, agent, log=lambda m: console.print(escape(m), soft_wrap=True))
+    log = lambda m: console.print(escape(m), soft_wrap=True)
+    if ray_workers:
+        from scope_marl.executor import RayExecutor
+
+        executor = RayExecutor(None, workers=ray_workers, address=ray_address)
+        try:
+            results = evaluate_panel(chosen, agent, log=log, executor=executor)
+        finally:
+            executor.close()
+    else:
+        results = evaluate_panel(chosen, agent, log=log)
     report = write_results(results, out)
     console.print(report.read_text(), soft_wrap=True, markup=False)
     console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)

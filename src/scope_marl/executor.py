@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from scope_marl.core.types import Episode
 from scope_marl.envs.base import Task
 from scope_marl.rollout.engine import RolloutEngine
 
 EngineFactory = Callable[[], RolloutEngine]
+T = TypeVar("T")
 
 
 class StaleWorker(RuntimeError):
@@ -79,15 +80,16 @@ def raised_cause(ray, err: Exception) -> BaseException:
 class _Worker:
     """The actor body: one engine, the adapter version it holds, and a ``play`` that checks it."""
 
-    def __init__(self, factory: EngineFactory, threads: int):
+    def __init__(self, factory: EngineFactory | None, threads: int):
         import torch
 
         torch.set_num_threads(threads)
-        self.engine = factory()
+        self.engine = factory() if factory is not None else None  # None: a worker for jobs only (scope eval)
         self.version = 0
 
     def load(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> int:
-        load_adapter_tensors(self.engine, adapters)
+        if self.engine is not None:
+            load_adapter_tensors(self.engine, adapters)
         if simulator_id is not None:  # a pool member now plays in the simulator adapter: episodes name it
             self.engine.simulator.simulator_id = simulator_id
         self.version = version
@@ -100,6 +102,9 @@ class _Worker:
         episodes = self.engine.run(tasks, first_group)
         return episodes, {"generated_tokens": self.engine.stats.generated_tokens - started_tokens}
 
+    def call(self, job: Callable[[], T]) -> T:
+        return job()
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -109,7 +114,7 @@ class RayExecutor:
 
     def __init__(
         self,
-        factory: EngineFactory,
+        factory: EngineFactory | None,
         workers: int = 2,
         address: str | None = None,
         threads: int = 1,
@@ -117,6 +122,14 @@ class RayExecutor:
     ):
         ray, self._started_ray = connect(address)
         self._ray = ray
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if workers * num_cpus > cpus:  # Ray would wait forever for cores that never come
+            if self._started_ray:
+                ray.shutdown()
+            raise ValueError(
+                f"ray.workers {workers} x ray.num_cpus {num_cpus:g} needs {workers * num_cpus:g} CPUs but the Ray cluster has {cpus:g}; "
+                "lower ray.workers, or ray.num_cpus (e.g. 0.5 to share a core)"
+            )
         self._actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(_Worker)
         self._factory, self._threads = factory, threads
         self.version = 0
@@ -167,6 +180,32 @@ class RayExecutor:
             results[w] = episodes
             del pending[w]
         return [e for w in sorted(results) for e in results[w]]
+
+    def map(self, jobs: Sequence[Callable[[], T]]) -> list[T]:
+        """Run picklable zero-argument jobs (an evaluation panel's (simulator, task block) plays) on the
+        workers, one at a time each, the next job to the first worker free; results in job order. A job
+        whose worker dies runs again on its replacement; a job's own error is raised as it is."""
+        ray = self._ray
+        queue = list(range(len(jobs)))
+        running: dict[int, tuple[int, Any]] = {}  # worker index -> (job index, result ref)
+        results: dict[int, T] = {}
+        while queue or running:
+            for w in range(len(self.workers)):
+                if w not in running and queue:
+                    j = queue.pop(0)
+                    running[w] = (j, self.workers[w].call.remote(jobs[j]))
+            ready, _ = ray.wait([ref for _, ref in running.values()], num_returns=1)
+            w = next(w for w, (_, ref) in running.items() if ref == ready[0])
+            j, ref = running.pop(w)
+            try:
+                results[j] = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self.restarts += 1
+                self.workers[w] = self._new_worker()
+                queue.insert(0, j)
+            except ray.exceptions.RayTaskError as err:
+                raise raised_cause(ray, err) from None
+        return [results[j] for j in range(len(jobs))]
 
     def worker_pids(self) -> list[int]:
         return self._ray.get([w.pid.remote() for w in self.workers])

@@ -119,5 +119,7 @@ def _train_on_ray(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[s
 
 def evaluate_trainer(trainer: Trainer, panel: Panel, log: Callable[[str], None] = print) -> dict:
     """The trainer's current agent against any panel (e.g. the demo's held-out panel after training)."""
-    agent = AgentUnderTest(trainer.agent_chat, trainer.agent_adapter, f"step {trainer.step}", trainer.models, trainer.step)
+    agent = AgentUnderTest(
+        trainer.agent_chat, trainer.agent_adapter, f"step {trainer.step}", trainer.models, trainer.step, trainer.cfg.model
+    )
     return evaluate_panel(panel, agent, log=log)

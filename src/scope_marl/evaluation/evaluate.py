@@ -13,6 +13,8 @@ touches a training run's data cursor.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -44,6 +46,48 @@ class AgentUnderTest:
     label: str
     models: ModelCache
     step: int | None = None  # the training step it was saved at (None: the untrained base)
+    spec: str | None = None  # the base model's spec string: what a Ray worker loads to play this agent
+
+    def recipe(self) -> AgentRecipe:
+        """What another process needs to play this agent: the base spec and the agent's own weights."""
+        if self.spec is None:
+            raise ValueError(f"agent {self.label!r} has no model spec, so Ray workers cannot load it; evaluate it locally")
+        if self.adapter is not None:
+            config = self.chat.model.peft_config[self.adapter]
+            return AgentRecipe(self.spec, self.label, self.step, adapter=self.chat.adapter_tensors(self.adapter), lora=config)
+        if self.step is not None and self.models.get(self.spec) is not self.chat:  # a fully fine-tuned copy
+            return AgentRecipe(
+                self.spec, self.label, self.step, weights={k: v.detach().clone() for k, v in self.chat.model.state_dict().items()}
+            )
+        return AgentRecipe(self.spec, self.label, self.step)
+
+
+@dataclass
+class AgentRecipe:
+    """An agent as data that pickles (base spec, LoRA tensors and config, or every weight): a Ray
+    worker rebuilds the agent from it on models it keeps loaded between jobs."""
+
+    spec: str
+    label: str
+    step: int | None
+    adapter: dict | None = None
+    lora: object | None = None  # peft.LoraConfig
+    weights: dict | None = None
+
+    def build(self, models: ModelCache) -> AgentUnderTest:
+        base = models.get(self.spec)
+        if self.weights is not None:
+            own = load_backend(self.spec)
+            own.model.load_state_dict(self.weights)
+            return AgentUnderTest(own, None, self.label, models, self.step, self.spec)
+        if self.adapter is None:
+            return AgentUnderTest(base, None, self.label, models, self.step, self.spec)
+        # One adapter per LoRA shape, reused by every later job of this worker with new tensors.
+        name = "eval-agent-" + hashlib.sha256(repr(sorted(self.lora.to_dict().items(), key=str)).encode()).hexdigest()[:8]
+        if name not in base.adapters:
+            base.add_adapter(name, self.lora)
+        base.set_adapter_tensors(name, self.adapter)
+        return AgentUnderTest(base, name, self.label, models, self.step, self.spec)
 
 
 def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderTest:
@@ -53,7 +97,7 @@ def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderT
     if checkpoint_or_base == "base":
         spec = model or "embedded"
         chat = models.get(spec)
-        return AgentUnderTest(chat, None, "base", models)
+        return AgentUnderTest(chat, None, "base", models, spec=spec)
     path = run_layout.resolve_checkpoint(Path(checkpoint_or_base))
     run_config = run_layout.run_dir_of(path) / run_layout.CONFIG
     if model is None and not run_config.exists():
@@ -66,9 +110,9 @@ def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderT
     if run_layout.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
         agent = load_backend(spec)
         agent.load_weights(run_layout.weights_path(path, "agent"))
-        return AgentUnderTest(agent, None, str(path), models, step)
+        return AgentUnderTest(agent, None, str(path), models, step, spec)
     base.add_adapter("agent", str(run_layout.saved_adapter(path, "agent")))
-    return AgentUnderTest(base, "agent", str(path), models, step)
+    return AgentUnderTest(base, "agent", str(path), models, step, spec)
 
 
 def simulator_seed(panel_seed: int, simulator_id: str) -> int:
@@ -82,8 +126,9 @@ def panel_tasks(env, panel: Panel) -> list:
     return tasks[: panel.tasks_per_simulator]
 
 
-def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env) -> list[Episode]:
-    """Every episode of one panel simulator."""
+def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env, block: tuple[int, int] | None = None) -> list[Episode]:
+    """Every episode of one panel simulator (or of a block of its tasks, under the group numbers the
+    whole run gives them, so blocks played apart give the whole run's episodes)."""
     cfg = entry.simulator
     seed = simulator_seed(panel.seed, entry.id)
     # The panel's seed reaches every random choice: the simulator's own (VS draws, rotation order) too.
@@ -97,7 +142,17 @@ def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env) -> lis
     rollout = RolloutConfig(
         group_size=panel.samples_per_task, max_concurrent=panel.max_concurrent, seed=seed, on_turn_limit="continue", progress=False
     )
-    return RolloutEngine(env, seat, simulator, rollout).run(panel_tasks(env, panel))
+    tasks = panel_tasks(env, panel)
+    start, stop = block or (0, len(tasks))
+    return RolloutEngine(env, seat, simulator, rollout).run(tasks[start:stop], first_group=start)
+
+
+_WORKER_MODELS = ModelCache()  # in a Ray worker: models kept loaded from one evaluation job to the next
+
+
+def play_block(panel: Panel, entry: PanelSimulator, recipe: AgentRecipe, env_cfg, block: tuple[int, int]) -> list[Episode]:
+    """One (simulator, task block) job of a panel fanned out over Ray workers."""
+    return play(panel, entry, recipe.build(_WORKER_MODELS), build_env(env_cfg, _WORKER_MODELS), block)
 
 
 def agent_turns(episodes: Sequence[Episode]) -> tuple[list[str], list[str]]:
@@ -150,8 +205,9 @@ def build_coverage(panel: Panel, env, episodes: Sequence[Episode]) -> Coverage |
     return coverage
 
 
-def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print) -> dict:
-    """Play the whole panel and score it."""
+def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print, executor=None) -> dict:
+    """Play the whole panel and score it: here, or fanned out over a :class:`RayExecutor`'s workers, one
+    (simulator, task block) job per worker (the same episodes: every group keeps its number)."""
     envs: dict[str, object] = {}
 
     def env_for(cfg):
@@ -161,11 +217,14 @@ def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], Non
             envs[key] = build_env(cfg)
         return envs[key]
 
-    played: dict[str, list[Episode]] = {}
-    for entry in panel.simulators:
-        env = env_for(type(panel.env).model_validate({**panel.env.model_dump(), **entry.env}))
-        log(f"evaluating {agent.label} against {entry.id}")
-        played[entry.id] = play(panel, entry, agent, env)
+    env_cfgs = {entry.id: type(panel.env).model_validate({**panel.env.model_dump(), **entry.env}) for entry in panel.simulators}
+    if executor is None:
+        played: dict[str, list[Episode]] = {}
+        for entry in panel.simulators:
+            log(f"evaluating {agent.label} against {entry.id}")
+            played[entry.id] = play(panel, entry, agent, env_for(env_cfgs[entry.id]))
+    else:
+        played = fan_out(panel, agent, env_cfgs, env_for, executor, log)
     all_episodes = [e for eps in played.values() for e in eps]
     coverage = build_coverage(panel, env_for(panel.env), all_episodes)
     heldout_ids = [s.id for s in panel.simulators if not s.training]
@@ -182,6 +241,26 @@ def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], Non
         "heldout": {"simulators": heldout_ids, **score([e for i in heldout_ids for e in played[i]], coverage, panel.seed)},
         "all": score(all_episodes, coverage, panel.seed),
     }
+
+
+def fan_out(panel: Panel, agent: AgentUnderTest, env_cfgs: dict, env_for, executor, log: Callable[[str], None]) -> dict[str, list[Episode]]:
+    """Every panel simulator's episodes, played as (simulator, task block) jobs on Ray workers: each
+    simulator's tasks cut into enough blocks that every worker has a job."""
+    from scope_marl.executor import split_blocks
+
+    recipe = agent.recipe()
+    per_simulator = -(-len(executor.workers) // len(panel.simulators))
+    jobs, owners = [], []
+    for entry in panel.simulators:
+        count = len(panel_tasks(env_for(env_cfgs[entry.id]), panel))
+        for block in split_blocks(count, min(per_simulator, max(count, 1))):
+            jobs.append(functools.partial(play_block, panel, entry, recipe, env_cfgs[entry.id], block))
+            owners.append(entry.id)
+    log(f"evaluating {agent.label} against {len(panel.simulators)} simulator(s): {len(jobs)} jobs on {len(executor.workers)} Ray worker(s)")
+    played: dict[str, list[Episode]] = {entry.id: [] for entry in panel.simulators}
+    for owner, episodes in zip(owners, executor.map(jobs)):
+        played[owner] += episodes
+    return played
 
 
 def compact(results: dict) -> dict:

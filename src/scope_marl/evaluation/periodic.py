@@ -63,10 +63,12 @@ class PanelEvaluator:
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = lambda _: None):
         self.panel = run_panel(cfg)
+        self.spec = cfg.model
         self.log = log
 
-    def evaluate(self, chat: ChatModel, adapter: str | None, models: ModelCache, step: int) -> dict:
-        return evaluate_panel(self.panel, AgentUnderTest(chat, adapter, f"step {step}", models, step), log=self.log)
+    def evaluate(self, chat: ChatModel, adapter: str | None, models: ModelCache, step: int, executor=None) -> dict:
+        agent = AgentUnderTest(chat, adapter, f"step {step}", models, step, self.spec)
+        return evaluate_panel(self.panel, agent, log=self.log, executor=executor)
 
     def metrics(self, results: dict) -> dict:
         return compact(results)

@@ -85,9 +85,9 @@ def worker_engine(cfg: TrainConfig) -> RolloutEngine:
 class Evaluator(Protocol):
     """Periodic evaluation during training, as the trainer sees it."""
 
-    def evaluate(self, chat: HFChatModel, adapter: str | None, models: ModelCache, step: int) -> dict:
+    def evaluate(self, chat: HFChatModel, adapter: str | None, models: ModelCache, step: int, executor=None) -> dict:
         """Play the agent (``adapter`` on ``chat``; None: the model itself) and return the full results
-        (written to ``evals/step-N.json``)."""
+        (written to ``evals/step-N.json``); with a Ray ``executor``, on its workers."""
 
     def metrics(self, results: dict) -> dict:
         """The part of ``results`` that goes into the step's metrics line. Its ``reward_agent`` (the
@@ -199,7 +199,7 @@ class Trainer:
         if self.cfg.pool is not None and self.step % self.cfg.pool.every == 0:
             self._snapshot_simulator()
         if self.cfg.eval.every and self.step % self.cfg.eval.every == 0:
-            results = self.evaluator.evaluate(self.agent_chat, self.agent_adapter, self.models, self.step)
+            results = self.evaluator.evaluate(self.agent_chat, self.agent_adapter, self.models, self.step, executor=self.executor)
             files.write_json(run_layout.eval_path(self.run_dir, self.step), results)
             record["eval"] = self.evaluator.metrics(results)
         with self.metrics_path.open("a") as f:
