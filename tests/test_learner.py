@@ -153,10 +153,8 @@ def test_the_learning_loop_raises_reward_on_a_learnable_task(make_tiny_model, to
 
 
 def _dp_rank(rank: int, world: int, port: int, chat, episodes, out) -> None:
-    """One data-parallel learner process (gloo): its whole groups of the batch, gradients summed across ranks."""
+    """One data-parallel learner process (gloo): the whole batch, trained on its own groups, gradients summed across ranks."""
     import torch.distributed as dist
-
-    from scope_marl.training.learner import shard_groups
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -170,7 +168,7 @@ def _dp_rank(rank: int, world: int, port: int, chat, episodes, out) -> None:
             real_step()
 
         learner.optimizer.step = capture
-        metrics = learner.step(shard_groups(episodes, rank, world))
+        metrics = learner.step(episodes)
         as_arrays = lambda tensors: {k: v.numpy() for k, v in tensors.items()}  # by value: this process ends first
         out.put((rank, as_arrays(grads), as_arrays(lora(chat, "agent")), metrics["trained_tokens"]))
     finally:

@@ -64,6 +64,18 @@ def test_members_are_distinct_copies(tmp_path, source):
     pool.verify()
 
 
+def test_rewind_drops_later_members_and_reuses_their_ids(tmp_path, source):
+    """A run resumed from step 16 plays step 32 again: the step-32 snapshot is dropped (directory
+    too) and its id is given out again; the manifest on disk says the same."""
+    pool = SimulatorPool(tmp_path / "pool", max_size=5)
+    members = fill(pool, source, 3)
+    assert pool.rewind(16) == [members[2].member_id] and pool.rewind(16) == []
+    assert not Path(members[2].path).exists()
+    assert [m.member_id for m in SimulatorPool.load(tmp_path / "pool").members] == ["m0000-step0", "m0001-step16"]
+    make_adapter(source, b"weights-again")
+    assert pool.add(source, step=32).member_id == members[2].member_id == "m0002-step32"
+
+
 def test_content_hash_depends_on_content_not_location(tmp_path):
     a = make_adapter(tmp_path / "a", b"same")
     b = make_adapter(tmp_path / "elsewhere" / "b", b"same")

@@ -242,3 +242,72 @@ def test_an_eval_panel_whose_env_overrides_do_not_fit_the_run_fails_at_start(tin
     cfg = config(tiny_model_dir, eval={"every": 1, "panel": "offline"})
     with pytest.raises(ConfigError, match=r"does not fit this run's env \(say_the_word\)[\s\S]*simulators\.3\.env: .*\['source'\]"):
         start(TrainConfig.model_validate(cfg), tmp_path / "run")
+
+
+def test_torchrun_trains_one_run_on_two_data_parallel_ranks_and_resumes_exactly(tiny_model_dir, tmp_path):
+    """`torchrun --nproc-per-node 2 -m scope_marl.cli train`: two gloo ranks each play half the groups and
+    train on half, rank 0 writes the run. Population co-training (pool barriers) and evaluation (rank 0)
+    included. Against one process: the same episode ids, groups and pool members, and most episodes equal
+    token for token (a rank's batch has another shape, which can flip a draw on the tiny model's flat
+    distributions). A resume under torchrun from step 1 plays step 2 again exactly as the ranks first did."""
+    import shutil
+    import socket
+
+    from scope_marl.core import run_layout
+    from scope_marl.simulators.pool import SimulatorPool
+
+    sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
+    cfg = config(
+        tiny_model_dir,
+        simulator=sim,
+        trainable_roles=["agent", "user"],
+        pool={"every": 1, "max_size": 3, "selection": "latest"},
+        learner={"lr": 0.01, "entropy_coef": 0.01},
+        steps=2,
+        checkpoint_every=1,
+        tasks_per_step=4,
+    )
+    cfg_path = tmp_path / "train.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+    def torchrun(*args):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        done = subprocess.run(
+            [*launcher, "--master-port", str(port), "-m", "scope_marl.cli", "train", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    torchrun(str(cfg_path), "--out", str(tmp_path / "dp"))
+    start(TrainConfig.model_validate(cfg), tmp_path / "single").run(progress=False)
+
+    def read(run):
+        episodes = [json.loads(line) for p in sorted((tmp_path / run / "rollouts").glob("*.jsonl")) for line in p.open()]
+        metrics = [comparable(json.loads(line)) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in e.items() if k != "timings"} for e in episodes], metrics
+
+    (dp_eps, dp_metrics), (one_eps, one_metrics) = read("dp"), read("single")
+    key = lambda es: [(e["episode_id"], e["group_id"], e["simulator_id"]) for e in es]
+    assert len(dp_eps) == 2 * 4 * 2 and key(dp_eps) == key(one_eps)
+    tokens = lambda e: ([m["content"] for m in e["messages"]], {r: s["response_ids"] for r, s in e["streams"].items()})
+    same = sum(tokens(a) == tokens(b) for a, b in zip(dp_eps, one_eps))  # log-probs differ in the last bits
+    assert same >= len(dp_eps) // 2, f"only {same} of {len(dp_eps)} episodes equal the single process's"
+    assert [m["step"] for m in dp_metrics] == [1, 2] and "eval" in dp_metrics[1]
+    assert [m["pool_member"] for m in dp_metrics] == [m["pool_member"] for m in one_metrics] == ["m0000-step0", "m0001-step1"]
+    for m, step_eps in zip(dp_metrics, (dp_eps[:8], dp_eps[8:])):
+        for role in ("agent", "user"):
+            assert m[f"train_{role}"]["episodes"] == 8, "every rank's metrics are the whole batch's"
+            assert m[f"train_{role}"]["trained_tokens"] == sum(sum(e["streams"][role]["loss_mask"]) for e in step_eps)
+    assert [m.step for m in SimulatorPool.load(tmp_path / "dp" / "pool").members] == [0, 1, 2]
+    assert not (tmp_path / "dp" / "tensorboard").exists() and not list((tmp_path / "dp").glob("*.lock.*"))
+
+    shutil.rmtree(run_layout.checkpoint_dir(tmp_path / "dp", 2))
+    torchrun("--resume", str(tmp_path / "dp"))
+    assert read("dp") == (dp_eps, dp_metrics)

@@ -17,6 +17,7 @@ from scope_marl.core.run_lock import LOCK_FILE, RunLock
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.periodic import PanelEvaluator
+from scope_marl.training import data_parallel
 from scope_marl.training.trainer import Trainer, check_new_run, read_run_config
 
 
@@ -28,14 +29,17 @@ def evaluator_for(cfg: TrainConfig) -> PanelEvaluator | None:
 def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     """A new run in ``run_dir`` (refused when it already holds one, or another process holds it), its
     config saved beside it."""
-    lock = RunLock(run_dir).acquire()
+    lead = data_parallel.rank() == 0  # under torchrun only rank 0 holds the lock and writes
+    lock = RunLock(run_dir).acquire() if lead else None
     try:
         check_new_run(run_dir)
         trainer = Trainer(cfg, run_dir, evaluator_for(cfg), lock)
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
         raise
-    dump_config(cfg, Path(run_dir) / run_layout.CONFIG)
+    if lead:
+        dump_config(cfg, Path(run_dir) / run_layout.CONFIG)
     return trainer
 
 
@@ -45,18 +49,21 @@ def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
     # A run that is still starting holds its lock before it writes its config: try the lock first.
     if not any((Path(run_dir) / name).exists() for name in (run_layout.CONFIG, LOCK_FILE)):
         raise FileNotFoundError(f"{run_dir} has no {run_layout.CONFIG}: is it a run directory written by scope train?")
-    lock = RunLock(run_dir).acquire()
+    lock = RunLock(run_dir).acquire() if data_parallel.rank() == 0 else None
     try:
         cfg = read_run_config(run_dir)
         return Trainer(cfg, run_dir, evaluator_for(cfg), lock).restore(log)
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
         raise
 
 
 def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None] = print, progress: bool = True) -> list[dict]:
     """Start (``cfg`` given) or resume (``cfg`` None) a run and train it to its last step; the records of
-    the steps played. With ``executor: ray`` the trainer runs as a learner actor on the Ray cluster."""
+    the steps played. With ``executor: ray`` the trainer runs as a learner actor on the Ray cluster;
+    launched by torchrun, this process is one data-parallel rank (``training.data_parallel``)."""
+    data_parallel.join_from_environment()  # under torchrun: one rank of a data-parallel run
     saved = Path(run_dir) / run_layout.CONFIG
     executor = cfg.executor if cfg is not None else read_run_config(run_dir).executor if saved.exists() else "local"
     if executor == "ray":

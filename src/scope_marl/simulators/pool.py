@@ -239,6 +239,20 @@ class SimulatorPool:
             _remove_tree(Path(old.path))
         return member
 
+    def rewind(self, step: int) -> list[str]:
+        """Drop the members added after training ``step`` and give their numbers back, so a run resumed
+        from that step's checkpoint adds them again under the same ids; returns the dropped ids. Members
+        those later adds evicted are gone for good (their directories were deleted)."""
+        later = [m for m in self._members if m.step > step]
+        if not later:
+            return []
+        self._members = [m for m in self._members if m.step <= step]
+        self._next_index -= len(later)
+        self._save()
+        for member in later:
+            _remove_tree(Path(member.path))
+        return [m.member_id for m in later]
+
     def _evict(self) -> list[PoolMember]:
         """FIFO: drop the oldest unpinned members until the pool fits. Returns them."""
         evicted = []

@@ -19,28 +19,8 @@ import torch
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config.train import LearnerConfig
 from scope_marl.core.types import Episode, RoleStream
+from scope_marl.training.data_parallel import all_ranks, all_reduce_, distributed, rank, shard_groups, world
 from scope_marl.training.losses import group_advantages, policy_loss, zero_variance_share
-
-
-def distributed() -> bool:
-    """Whether this learner is one rank of a data-parallel group (gloo on CPU, NCCL on GPU)."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-
-
-def all_ranks(value: float, op: str = "sum") -> float:
-    """``value`` summed (or maxed) over the data-parallel ranks; itself when there is one."""
-    if not distributed():
-        return value
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM)
-    return int(t.item()) if isinstance(value, int) else float(t.item())
-
-
-def shard_groups(episodes: Sequence[Episode], rank: int, world: int) -> list[Episode]:
-    """This rank's share of a batch: whole GRPO groups, group k (in order of appearance) to rank k % world."""
-    order = list(dict.fromkeys(e.group_id for e in episodes))
-    mine = {g for k, g in enumerate(order) if k % world == rank}
-    return [e for e in episodes if e.group_id in mine]
 
 
 class Learner:
@@ -177,12 +157,14 @@ class Learner:
         rewards = torch.tensor([s.reward for s in streams])
         groups = [e.group_id for e in used]
         advantages = group_advantages(rewards, groups, self.config.normalize_std, self.config.constant_groups)
-        # Data-parallel (torch.distributed initialized, e.g. by torchrun or Ray Train): each rank holds
-        # whole groups of the batch; the normalizers are the whole batch's, and gradients are summed
-        # across ranks before the optimizer step, so every rank applies the full-batch update.
-        max_tokens = all_ranks(max(len(s.response_ids) for s in streams), "max")
-        sampled = all_ranks(sum(s.num_sampled_tokens for s in streams))
-        total_streams = all_ranks(len(streams))
+        # Data-parallel (torchrun): every rank holds the whole batch and trains on whole groups of it;
+        # advantages and normalizers are the whole batch's and gradients are summed across ranks before
+        # the optimizer step, so every rank applies the full-batch update.
+        my_groups = {e.group_id for e in shard_groups(used, rank(), world())}
+        mine = [i for i, e in enumerate(used) if e.group_id in my_groups]
+        max_tokens = max(len(s.response_ids) for s in streams)
+        sampled = sum(s.num_sampled_tokens for s in streams)
+        total_streams = len(streams)
         was_training = self.chat.model.training
         self.chat.model.eval()  # no dropout: the first update must score exactly what was sampled
         stats_sum: dict[str, float] = {}
@@ -191,7 +173,8 @@ class Learner:
         logprob_gap = 0.0
         for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for batch in self._micro_batches(streams):
+            for local in self._micro_batches([streams[i] for i in mine]):
+                batch = [mine[i] for i in local]
                 chunk = [streams[i] for i in batch]
                 new_logp, entropy, mask = self.score(chunk)
                 old_logp = torch.zeros_like(new_logp)
@@ -229,13 +212,14 @@ class Learner:
                 for p in self.params:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                    torch.distributed.all_reduce(p.grad)
+                    all_reduce_(p.grad)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
             self.optimizer.step()
             self.steps += 1
         self.chat.model.train(was_training)
         self.chat.prefix_cache.clear()  # cached states were computed with the old weights
-        n = all_ranks(sum(s.num_sampled_tokens for s in streams)) * self.config.epochs
+        n = sampled * self.config.epochs
+        logprob_gap = all_ranks(logprob_gap, "max")
         for key in ("loss", "clip_fraction", "kl", "entropy", "ratio_mean"):  # sums over every rank
             stats_sum[key] = all_ranks(stats_sum[key])
         return {

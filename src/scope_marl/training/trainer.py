@@ -36,7 +36,7 @@ from scope_marl.core.run_lock import RunLock
 from scope_marl.core.seeds import derive_seed
 from scope_marl.envs import AGENT, USER
 from scope_marl.rollout import RolloutEngine, RolloutRecorder, summarize
-from scope_marl.training import checkpoint
+from scope_marl.training import checkpoint, data_parallel
 from scope_marl.training.learner import Learner
 from scope_marl.training.tensorboard import TensorBoardWriter
 
@@ -105,7 +105,14 @@ class Trainer:
                 "or .resume (they wire in the evaluation panel), or set eval.every: 0"
             )
         self.run_dir = Path(run_dir)
-        self.lock = lock if lock is not None and lock.held else RunLock(self.run_dir).acquire()
+        # Data-parallel (torchrun): every rank trains, rank 0 ("the lead") alone writes the run directory.
+        self.rank, self.world = data_parallel.rank(), data_parallel.world()
+        self.lead = self.rank == 0
+        if self.world > 1 and cfg.executor == "ray":
+            raise ValueError(
+                "data-parallel ranks (torchrun) each play their own groups: use executor: local with torchrun, or Ray without it"
+            )
+        self.lock = None if not self.lead else lock if lock is not None and lock.held else RunLock(self.run_dir).acquire()
         self.evaluator = evaluator
         self.cfg = cfg
         if cfg.threads:
@@ -131,7 +138,7 @@ class Trainer:
         self.models = models
         self.recorder = RolloutRecorder(self.run_dir / run_layout.ROLLOUTS)
         self.metrics_path = self.run_dir / run_layout.METRICS
-        self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard else None
+        self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard and self.lead else None
         self.pool = None
         self.step = 0
         self.cursor = 0
@@ -171,7 +178,8 @@ class Trainer:
             self._load_pool_member()
         episodes = self._play(self.next_tasks())
         rollout_s = time.perf_counter() - started
-        self.recorder.write_batch(episodes)
+        if self.lead:
+            self.recorder.write_batch(episodes)
         self.step += 1
         summary = summarize(episodes, rollout_s, 0)
         record: dict = {
@@ -193,11 +201,13 @@ class Trainer:
             record["pool_member"] = self.member
         update_started = time.perf_counter()
         for role, learner in self.learners.items():
-            record[f"train_{role}"] = learner.step(episodes)
+            record[f"train_{role}"] = learner.step(episodes)  # under data parallelism each rank trains on its groups
             self._unsynced.add(ADAPTERS[role])
         record["update_s"] = time.perf_counter() - update_started
         if self.cfg.pool is not None and self.step % self.cfg.pool.every == 0:
             self._snapshot_simulator()
+        if not self.lead:
+            return record
         if self.cfg.eval.every and self.step % self.cfg.eval.every == 0:
             results = self.evaluator.evaluate(self.agent_chat, self.agent_adapter, self.models, self.step, executor=self.executor)
             files.write_json(run_layout.eval_path(self.run_dir, self.step), results)
@@ -221,8 +231,16 @@ class Trainer:
         return {name for name in ADAPTERS.values() if name in self.chat.adapters}
 
     def _play(self, tasks) -> list:
-        """One step's groups: on the local engine, or on the Ray workers under the numbers the local
-        engine would give them (so both paths sample the same episodes)."""
+        """One step's groups: on the local engine; or on the Ray workers, or one block per data-parallel
+        rank, under the numbers the local engine would give them (so every path samples the same episodes)."""
+        if self.world > 1:
+            from scope_marl.executor import split_blocks
+
+            first = self.engine.state_dict()["groups"]
+            start, stop = split_blocks(len(tasks), self.world)[self.rank]
+            episodes = data_parallel.gather(self.engine.run(tasks[start:stop], first_group=first + start))
+            self.engine.load_state_dict({"groups": first + len(tasks)})
+            return episodes
         if self.executor is None:
             return self.engine.run(tasks)
         if self._unsynced:
@@ -240,7 +258,7 @@ class Trainer:
 
         records = []
         try:
-            with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not progress) as bar:
+            with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not (progress and self.lead)) as bar:
                 while self.step < self.cfg.steps:
                     record = self.train_step()
                     records.append(record)
@@ -257,7 +275,8 @@ class Trainer:
                 self.executor.close()
                 self.executor = None
         finally:
-            self.lock.release()
+            if self.lock is not None:
+                self.lock.release()
 
     # ---- population --------------------------------------------------------------------------
     def _ensure_pool(self) -> None:
@@ -266,19 +285,29 @@ class Trainer:
         if self.pool is not None:
             return
         root = self.run_dir / run_layout.POOL
-        if (root / "manifest.json").exists():
+        exists = (root / "manifest.json").exists()
+        data_parallel.barrier()  # every rank has looked before the lead creates it
+        if exists:
             self.pool = SimulatorPool.load(root)
             return
-        p = self.cfg.pool
-        self.pool = SimulatorPool(root, max_size=p.max_size, selection=p.selection, seed=self.cfg.seed)
+        if self.lead:
+            p = self.cfg.pool
+            self.pool = SimulatorPool(root, max_size=p.max_size, selection=p.selection, seed=self.cfg.seed)
         self._snapshot_simulator(base=True)
 
     def _snapshot_simulator(self, base: bool = False) -> None:
-        staging = self.run_dir / "pool-staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        self.chat.model.save_pretrained(staging, selected_adapters=[ADAPTERS[USER]])
-        self.pool.add(run_layout.adapter_path(staging, ADAPTERS[USER]), step=self.step, base=base)
-        shutil.rmtree(staging, ignore_errors=True)
+        """The lead writes the simulator adapter into the pool; the other ranks read the pool it wrote."""
+        from scope_marl.simulators.pool import SimulatorPool
+
+        if self.lead:
+            staging = self.run_dir / "pool-staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            self.chat.model.save_pretrained(staging, selected_adapters=[ADAPTERS[USER]])
+            self.pool.add(run_layout.adapter_path(staging, ADAPTERS[USER]), step=self.step, base=base)
+            shutil.rmtree(staging, ignore_errors=True)
+        data_parallel.barrier()
+        if not self.lead:
+            self.pool = SimulatorPool.load(self.run_dir / run_layout.POOL)
 
     def _load_pool_member(self) -> None:
         """Load a drawn member's weights into the live simulator adapter before the rollout."""
@@ -295,7 +324,10 @@ class Trainer:
         names = {ADAPTERS[r] for r in self.learners} | {ADAPTERS[AGENT]}
         return sorted(names - {ADAPTERS[AGENT]} if self.full else names)
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """A checkpoint of this step (rank 0 only under data parallelism: the ranks hold equal weights)."""
+        if not self.lead:
+            return None
         adapters = self._saved_adapters()
         state = {
             "cursor": self.cursor,
@@ -321,24 +353,36 @@ class Trainer:
 
         A damaged checkpoint (a file missing, changed or unloadable) is set aside with a warning and
         the next older one is used. Then everything written after the restored step goes: metric
-        lines (a torn last line too) and rollout batches, so each step and each episode id appears
-        once when the steps are played again.
+        lines (a torn last line too), rollout batches and pool snapshots, so each step, episode id and
+        pool member appears once when the steps are played again. (A pool member evicted by a later
+        snapshot cannot come back: keep ``pool.max_size`` above the snapshots between checkpoints.)
         """
+        if not self.lead:
+            data_parallel.barrier()  # the lead sets damaged checkpoints aside and trims the run first
+            self._load_newest_checkpoint(log)
+            return self
+        try:
+            self._load_newest_checkpoint(log)
+            self._truncate_metrics(log)
+            self._trim_rollouts(log)
+            self._rewind_pool(log)
+        finally:
+            data_parallel.barrier()
+        return self
+
+    def _load_newest_checkpoint(self, log: Callable[[str], None]) -> None:
         for path in reversed(run_layout.list_checkpoints(self.run_dir)):
             trouble = checkpoint.problem(path)
             if trouble is None:
                 try:
                     self._load_checkpoint(path)
-                    break
+                    return
                 except Exception as err:  # a file that matches its manifest yet does not load
                     trouble = f"it does not load ({type(err).__name__}: {err})"
-            aside = checkpoint.set_aside(path)
-            log(f"warning: checkpoint {path} is damaged ({trouble}); set aside as {aside.name}, using the previous one")
-        else:
-            raise FileNotFoundError(f"{self.run_dir} has no usable checkpoint; start it again with scope train CONFIG --out NEW_DIR")
-        self._truncate_metrics(log)
-        self._trim_rollouts(log)
-        return self
+            if self.lead:
+                aside = checkpoint.set_aside(path)
+                log(f"warning: checkpoint {path} is damaged ({trouble}); set aside as {aside.name}, using the previous one")
+        raise FileNotFoundError(f"{self.run_dir} has no usable checkpoint; start it again with scope train CONFIG --out NEW_DIR")
 
     def _load_checkpoint(self, path: Path) -> None:
         state, optimizers, rng = checkpoint.load_state(path)
@@ -353,6 +397,17 @@ class Trainer:
         self.step, self.cursor, self.best = state["step"], state["cursor"], state["best"]
         self._unsynced = self._run_adapters()
         self.member_rewards = state.get("member_rewards", {})
+
+    def _rewind_pool(self, log: Callable[[str], None]) -> None:
+        """Drop pool snapshots taken after the checkpoint (they are taken again as the steps replay)."""
+        from scope_marl.simulators.pool import SimulatorPool
+
+        root = self.run_dir / run_layout.POOL
+        if self.cfg.pool is None or not (root / "manifest.json").exists():
+            return
+        dropped = SimulatorPool.load(root).rewind(self.step)
+        if dropped:
+            log(f"removed pool member(s) {', '.join(dropped)} snapshotted after step {self.step}; they are taken again")
 
     def _truncate_metrics(self, log: Callable[[str], None]) -> None:
         """Drop metric lines of steps after the checkpoint (they will be played again), and a torn
