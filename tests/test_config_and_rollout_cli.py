@@ -30,15 +30,22 @@ def write(tmp_path, text, name="cfg.yaml"):
 def test_shipped_configs_load():
     from pathlib import Path
 
-    from scope_marl.config import TrainConfig
+    from scope_marl.config import SFTConfig, TrainConfig
 
     root = Path(__file__).parents[1] / "configs"
     rollout, train = sorted(root.glob("rollout*.yaml")), sorted(root.glob("train_*.yaml"))
-    assert len(rollout) >= 4 and len(train) == 8
+    assert len(rollout) >= 4 and len(train) == 10
     for path in rollout:
         assert isinstance(load_config(path), RolloutRunConfig)
     arms = {load_config(path, TrainConfig).simulator.mode for path in train}
     assert arms == {"frozen", "rotation", "persona_guided", "vs", "trainable"}
+    sft = load_config(root / "sft_p4g_simulator.yaml", SFTConfig)
+    assert (
+        sft.env.source == "corpus" and sft.env.word_limit == load_config(root / "train_p4g_sft_baseline.yaml", TrainConfig).env.word_limit
+    )
+    for arm in ("train_p4g_sft_baseline.yaml", "train_p4g_cotrain_from_sft.yaml"):  # both start from scope sft's output
+        simulator = load_config(root / arm, TrainConfig).simulator
+        assert "runs/sft/adapter" in (simulator.adapter, getattr(simulator, "init", None))
 
 
 def test_rollout_cli_writes_jsonl_and_summary_and_keeps_earlier_batches(tmp_path):

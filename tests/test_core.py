@@ -175,10 +175,11 @@ def test_trainer_pool_member_matches_the_old_formula(seed, pool):
             step=step,
             chat=chat,
             engine=SimpleNamespace(simulator=SimpleNamespace(simulator_id="trainable")),
+            _unsynced=set(),
         )
         Trainer._load_pool_member(trainer)
         expected = pool.select(rng=random.Random(seed * M + step), scores={})
-        assert trainer.member == expected.member_id
+        assert trainer.member == expected.member_id and trainer._unsynced == {"simulator"}, "Ray workers get the member next"
         assert loaded[-1] == Path(expected.path)
 
 

@@ -6,6 +6,9 @@ one instance, and the engine can batch their turns together.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from scope_marl.backends import ChatModel, load_backend
 from scope_marl.backends.seat import Seat
 from scope_marl.config import (
@@ -74,10 +77,30 @@ def build_env(cfg: EnvConfig, models: ModelCache | None = None) -> Environment:
     return SayTheWord(num_tasks=cfg.num_tasks, max_exchanges=cfg.max_exchanges, agent_first=cfg.agent_first)
 
 
+def attach_adapter(model: ChatModel, adapter: str | None) -> str | None:
+    """A seat's adapter: a name the model already holds, or a saved adapter directory (peft layout, e.g.
+    scope sft's RUN_DIR/adapter) loaded once under a name derived from its path."""
+    if adapter is None or adapter in getattr(model, "adapters", []):
+        return adapter
+    path = Path(adapter).expanduser()
+    if not (path / "adapter_config.json").is_file():
+        if "/" in adapter or path.exists():
+            raise ValueError(f"adapter {adapter!r} is not a saved adapter directory (no adapter_config.json there); check the path")
+        return adapter  # a name the run adds later (a trainable simulator's), or the backend reports it
+    if not hasattr(model, "add_adapter"):
+        raise ValueError(
+            f"adapter {adapter!r} needs a local transformers model (embedded or hf:PATH), not {getattr(model, 'name', model)!r}"
+        )
+    name = "file-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    if name not in model.adapters:
+        model.add_adapter(name, str(path))
+    return name
+
+
 def build_agent(cfg: AgentConfig, models: ModelCache) -> Seat:
-    return Seat(
-        model=models.get(cfg.model), sampling=cfg.sampling, adapter=cfg.adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable
-    )
+    model = models.get(cfg.model)
+    adapter = attach_adapter(model, cfg.adapter)
+    return Seat(model=model, sampling=cfg.sampling, adapter=adapter, prompt_prefix=cfg.prompt_prefix, trainable=cfg.trainable)
 
 
 def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
@@ -90,6 +113,8 @@ def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
 
         return PopulationSimulator(SimulatorPool.load(cfg.root), models.get(cfg.model), cfg.sampling, cfg.prompt_prefix, cfg.seed)
     model = models.get(cfg.model)
+    if cfg.adapter is not None:
+        cfg = cfg.model_copy(update={"adapter": attach_adapter(model, cfg.adapter)})
     if isinstance(cfg, VerbalizedConfig):
         from scope_marl.simulators.verbalized import VerbalizedSampling
 

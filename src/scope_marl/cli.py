@@ -245,13 +245,13 @@ def demo(
 @guarded
 def eval_command(
     checkpoint: str = typer.Option(
-        ...,
+        None,
         "--checkpoint",
         "-c",
         help="base (the untrained model), a run directory (its best, else last checkpoint) or a checkpoint directory",
     ),
     panel: str = typer.Option("offline", "--panel", "-p", help="panel YAML, or a built-in panel name: offline, api"),
-    out: Path = typer.Option(..., "--out", "-o", help="writes eval.json and eval.md here"),
+    out: Path = typer.Option(..., "--out", "-o", help="writes eval.json and eval.md here (humans.json / humans.md with --humans)"),
     model: str = typer.Option(None, "--model", "-m", help="base model spec (default: the run's model; embedded for base)"),
     tasks: int = typer.Option(None, "--tasks", min=1, help="override the panel's tasks per simulator"),
     samples: int = typer.Option(None, "--samples", min=1, help="override the panel's samples per task (pass^k up to k = samples)"),
@@ -259,14 +259,25 @@ def eval_command(
     training: list[str] = typer.Option([], "--training", help="mark a panel simulator id as used in training (repeatable)"),
     ray_workers: int = typer.Option(0, "--ray-workers", min=0, help="fan the panel out over N Ray workers (the ray extra); 0: here"),
     ray_address: str = typer.Option(None, "--ray-address", help="join this Ray cluster (auto, ray://HEAD:10001); default: a local one"),
+    humans: list[str] = typer.Option(
+        [], "--humans", help="NAME=SIMULATOR_SPEC (repeatable): compare simulators with the P4G corpus's humans instead of an agent"
+    ),
 ) -> None:
     """Evaluate an agent against every simulator of a panel: reward and success with 95% intervals,
     pass^k, policy entropy, turn diversity, failed / truncated counts, and the held-out aggregate.
+    With --humans: simulators against the corpus's humans (donation TV distance, distinct-2).
 
     Example: scope eval --checkpoint runs/frozen --panel offline --out runs/frozen/eval
+    Example: scope eval --humans base=frozen:embedded --humans "sft=frozen(adapter=runs/sft/adapter):embedded" --out runs/humans
     """
     from scope_marl.evaluation.evaluate import evaluate_panel, load_agent, write_results
     from scope_marl.evaluation.panel import load_panel
+
+    if humans:
+        _eval_humans(humans, out, tasks, seed, model)
+        return
+    if checkpoint is None:
+        fail("give --checkpoint (base, a run directory or a checkpoint), or --humans NAME=SPEC to compare simulators with humans")
 
     chosen = load_panel(panel)
     overrides = {k: v for k, v in {"tasks_per_simulator": tasks, "samples_per_task": samples, "seed": seed}.items() if v is not None}
@@ -289,6 +300,60 @@ def eval_command(
     report = write_results(results, out)
     console.print(report.read_text(), soft_wrap=True, markup=False)
     console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
+
+
+def _eval_humans(humans: list[str], out: Path, tasks: int | None, seed: int | None, model: str | None) -> None:
+    from scope_marl.config import parse_simulator_spec
+    from scope_marl.evaluation import humans as human_eval
+
+    simulators = {}
+    for item in humans:
+        name, eq, spec = item.partition("=")
+        if not eq or not name or not spec:
+            fail(f"--humans {item!r}: write NAME=SIMULATOR_SPEC, e.g. base=frozen:embedded")
+        simulators[name] = parse_simulator_spec(spec)
+    results = human_eval.simulators_vs_humans(
+        simulators, agent=model or "embedded", tasks=tasks or 16, seed=seed or 0, log=lambda m: console.print(escape(m), soft_wrap=True)
+    )
+    report = human_eval.write(results, out)
+    console.print(report.read_text(), soft_wrap=True, markup=False)
+    console.print(f"results: {out / 'humans.json'} and {report}", soft_wrap=True)
+
+
+@app.command()
+@guarded
+def sft(
+    config: Path = typer.Argument(None, help="YAML config (schema: scope_marl.config.SFTConfig); omit with --resume"),
+    out: Path = typer.Option(None, "--out", "-o", help="run directory: config.yaml, metrics.jsonl, checkpoints/, adapter/"),
+    resume: Path = typer.Option(None, "--resume", help="continue this run directory from its latest checkpoint"),
+) -> None:
+    """Fine-tune a user simulator on the P4G corpus's human persuadee turns (train split); validation
+    loss on the validation split. The result, RUN_DIR/adapter, is a simulator anywhere one is named.
+
+    Example: scope sft configs/sft_p4g_simulator.yaml --out runs/sft   (then: frozen(adapter=runs/sft/adapter):embedded)
+    """
+    from scope_marl.config import SFTConfig, load_config
+    from scope_marl.training.sft import resume_sft, start_sft
+
+    if resume is None and (config is None or out is None):
+        fail("give a CONFIG and --out RUN_DIR, or --resume RUN_DIR")
+    run = (
+        resume_sft(resume, log=lambda m: console.print(escape(m), soft_wrap=True))
+        if resume
+        else start_sft(load_config(config, SFTConfig), out)
+    )
+    console.print(
+        f"{len(run.train)} training turns from {run.train_dialogues} dialogues, {len(run.val)} validation turns, {run.steps} steps",
+        soft_wrap=True,
+    )
+    records = run.run()
+    losses = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+    console.print(
+        f"trained to step {run.step}; validation loss {losses[-1]:.3f}; the simulator: {run.run_dir / 'adapter'}"
+        if losses
+        else f"trained to step {run.step}",
+        soft_wrap=True,
+    )
 
 
 @app.command()

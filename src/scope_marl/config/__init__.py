@@ -8,6 +8,7 @@ TrainConfig`` is the usual import.
 from scope_marl.config.env import EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
 from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, validate
 from scope_marl.config.rollout import AgentConfig, RaySettings, RolloutConfig, RolloutRunConfig
+from scope_marl.config.sft import SFTConfig
 from scope_marl.config.simulator import (
     SIMULATOR_CONFIGS,
     FrozenSimulatorConfig,
@@ -44,6 +45,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutRunConfig",
     "RotationConfig",
+    "SFTConfig",
     "SayTheWordConfig",
     "Section",
     "SimulatorConfig",

@@ -18,7 +18,9 @@ def default_sampling() -> SamplingParams:
 class LLMSimulatorFields(Section):
     id: str | None = Field(None, description="simulator_id recorded in episodes (default: <mode>:<model>)")
     model: str = Field("embedded", description="model spec, see docs/formats.md")
-    adapter: str | None = None
+    adapter: str | None = Field(
+        None, description="an adapter the model holds, or a saved adapter directory (e.g. scope sft's RUN_DIR/adapter)"
+    )
     sampling: SamplingParams = Field(default_factory=default_sampling)
     prompt_prefix: str = Field("", description="put before the environment's user prompt (prompt variant)")
 
@@ -35,6 +37,9 @@ class PersonaGuidedConfig(LLMSimulatorFields):
 class TrainableSimulatorConfig(LLMSimulatorFields):
     mode: Literal["trainable"]
     adapter: str | None = "simulator"
+    init: str | None = Field(
+        None, description="a saved adapter directory the trained adapter starts from (e.g. scope sft's RUN_DIR/adapter)"
+    )
 
 
 class VerbalizedConfig(LLMSimulatorFields):

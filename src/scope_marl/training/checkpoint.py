@@ -78,6 +78,24 @@ def load_state(checkpoint: Path) -> tuple[dict, dict, dict]:
     return state, optimizers, rng
 
 
+def load_newest(run_dir: Path, load, log, quarantine: bool = True, command: str = "scope train CONFIG --out NEW_DIR") -> Path:
+    """Load the newest whole checkpoint of a run with ``load(path)``: a damaged one (a file missing,
+    changed, or not loading) is set aside with a warning (when ``quarantine``: one process of a run
+    does it) and the next older one tried."""
+    for path in reversed(run_layout.list_checkpoints(run_dir)):
+        trouble = problem(path)
+        if trouble is None:
+            try:
+                load(path)
+                return path
+            except Exception as err:  # a file that matches its manifest yet does not load
+                trouble = f"it does not load ({type(err).__name__}: {err})"
+        if quarantine:
+            aside = set_aside(path)
+            log(f"warning: checkpoint {path} is damaged ({trouble}); set aside as {aside.name}, using the previous one")
+    raise FileNotFoundError(f"{run_dir} has no usable checkpoint; start it again with {command}")
+
+
 def set_aside(checkpoint: Path) -> Path:
     """Rename a damaged checkpoint out of the run's list (kept for inspection, never loaded again)."""
     target = checkpoint.with_name(f"damaged-{checkpoint.name}")

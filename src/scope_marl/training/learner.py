@@ -136,6 +136,36 @@ class Learner:
             mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float)
         return logp, entropy, mask
 
+    # ---- supervised fine-tuning ------------------------------------------------------------------
+    def supervised_step(self, streams: Sequence[RoleStream]) -> dict[str, float]:
+        """One optimizer step of next-token cross-entropy on the streams' masked response tokens (SFT):
+        the mean over every target token of the batch, micro-batched within the token budget."""
+        started = time.perf_counter()
+        self.chat.model.eval()  # no dropout
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = sum(s.num_sampled_tokens for s in streams)
+        loss_sum = 0.0
+        for batch in self._micro_batches(streams):
+            logp, _, mask = self.score([streams[i] for i in batch])
+            loss = -(logp * mask).sum() / tokens
+            loss.backward()
+            loss_sum += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.steps += 1
+        self.chat.prefix_cache.clear()  # cached states were computed with the old weights
+        return {"loss": loss_sum, "tokens": tokens, "grad_norm": float(grad_norm), "update_s": time.perf_counter() - started}
+
+    @torch.no_grad()
+    def supervised_loss(self, streams: Sequence[RoleStream]) -> float:
+        """Mean next-token cross-entropy (nats per target token) of the masked response tokens."""
+        total, tokens = 0.0, 0
+        for batch in self._micro_batches(streams):
+            logp, _, mask = self.score([streams[i] for i in batch])
+            total += float(-(logp * mask).sum())
+            tokens += int(mask.sum())
+        return total / max(tokens, 1)
+
     # ---- one update ------------------------------------------------------------------------------
     def trainable(self, episodes: Sequence[Episode]) -> list[Episode]:
         return [

@@ -51,9 +51,16 @@ def add_run_adapters(chat: HFChatModel, cfg: TrainConfig) -> None:
     lora = cfg.lora
     roles = ([] if cfg.finetune == "full" else [AGENT]) + ([USER] if cfg.simulator.mode == "trainable" else [])
     for role in roles:
-        if ADAPTERS[role] not in chat.adapters:
-            config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
-            chat.add_adapter(ADAPTERS[role], config)
+        if ADAPTERS[role] in chat.adapters:
+            continue
+        init = getattr(cfg.simulator, "init", None) if role == USER else None
+        if init is not None:  # co-training that starts from a saved simulator (e.g. scope sft's adapter)
+            if not (Path(init) / "adapter_config.json").is_file():
+                raise ValueError(f"simulator.init {init!r} is not a saved adapter directory (no adapter_config.json there)")
+            chat.add_adapter(ADAPTERS[role], init)
+            continue
+        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
+        chat.add_adapter(ADAPTERS[role], config)
 
 
 def build_policies(cfg: TrainConfig, models: ModelCache) -> tuple[HFChatModel, HFChatModel, RolloutEngine]:
@@ -371,18 +378,7 @@ class Trainer:
         return self
 
     def _load_newest_checkpoint(self, log: Callable[[str], None]) -> None:
-        for path in reversed(run_layout.list_checkpoints(self.run_dir)):
-            trouble = checkpoint.problem(path)
-            if trouble is None:
-                try:
-                    self._load_checkpoint(path)
-                    return
-                except Exception as err:  # a file that matches its manifest yet does not load
-                    trouble = f"it does not load ({type(err).__name__}: {err})"
-            if self.lead:
-                aside = checkpoint.set_aside(path)
-                log(f"warning: checkpoint {path} is damaged ({trouble}); set aside as {aside.name}, using the previous one")
-        raise FileNotFoundError(f"{self.run_dir} has no usable checkpoint; start it again with scope train CONFIG --out NEW_DIR")
+        checkpoint.load_newest(self.run_dir, self._load_checkpoint, log, quarantine=self.lead, command="scope train CONFIG --out NEW_DIR")
 
     def _load_checkpoint(self, path: Path) -> None:
         state, optimizers, rng = checkpoint.load_state(path)
@@ -410,22 +406,7 @@ class Trainer:
             log(f"removed pool member(s) {', '.join(dropped)} snapshotted after step {self.step}; they are taken again")
 
     def _truncate_metrics(self, log: Callable[[str], None]) -> None:
-        """Drop metric lines of steps after the checkpoint (they will be played again), and a torn
-        last line (a crash mid-append)."""
-        if not self.metrics_path.exists():
-            return
-        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
-        records = []
-        for number, line in enumerate(lines, 1):
-            try:
-                records.append((json.loads(line)["step"], line))
-            except (ValueError, KeyError, TypeError):
-                if number < len(lines):
-                    raise ValueError(
-                        f"{self.metrics_path} line {number} is not a metrics record; fix or remove that line, then resume"
-                    ) from None
-                log(f"warning: dropped the torn last line of {self.metrics_path} (a crash mid-write)")
-        files.write_text(self.metrics_path, "".join(line + "\n" for step, line in records if step <= self.step))
+        truncate_metrics(self.metrics_path, self.step, log)
 
     def _trim_rollouts(self, log: Callable[[str], None]) -> None:
         """Remove rollout batches written after the checkpoint (batch k holds step k + 1's episodes)."""
@@ -435,6 +416,23 @@ class Trainer:
         if later:
             log(f"removed {len(later)} rollout batch(es) of steps after {self.step} from {self.recorder.out_dir}; they are played again")
         self.recorder = RolloutRecorder(self.recorder.out_dir)
+
+
+def truncate_metrics(path: Path, step: int, log: Callable[[str], None]) -> None:
+    """Drop metric lines of steps after ``step`` (the restored checkpoint's: they will be played
+    again), and a torn last line (a crash mid-append)."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append((json.loads(line)["step"], line))
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                raise ValueError(f"{path} line {number} is not a metrics record; fix or remove that line, then resume") from None
+            log(f"warning: dropped the torn last line of {path} (a crash mid-write)")
+    files.write_text(path, "".join(line + "\n" for s, line in records if s <= step))
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:

@@ -1,0 +1,253 @@
+"""Supervised fine-tuning of a user simulator on the corpus's human persuadee turns (``scope sft``).
+
+Each example is one human persuadee turn of a P4G corpus dialogue of the TRAIN split: the context is
+the chat the simulator would see at that point, built exactly as the environment and the rollout
+engine build it (the persuadee's system prompt with the persona from the survey, then the dialogue
+so far as ``role_view`` shows it to the user side), and the target is the human's message followed
+by the end-of-turn token. The loss is next-token cross-entropy on the target tokens only (the
+learner's exact scoring at temperature 1, so what is trained is what a rollout samples from).
+Validation turns come from the validation split; test dialogues are never read.
+
+Why the project's learner rather than TRL's ``SFTTrainer``: the simulator must see the same token
+ids in training as in rollouts (our chat rendering and stream layout), and the run must checkpoint
+and resume like ``scope train`` (atomic, hashed checkpoints, metrics truncated on resume). The
+learner's scorer already computes exact masked log-probs with one forward per prompt and a token
+budget per micro-batch; re-using it keeps one definition of "the log-prob of a turn".
+
+The output is a simulator like any other: ``RUN_DIR/adapter`` (peft layout) goes wherever a
+simulator takes ``adapter:`` (frozen, persona-guided, VS, rotation and panel members), into a pool
+(``SimulatorPool.add``), or starts co-training (``simulator: {mode: trainable, init: RUN_DIR/adapter}``);
+with ``finetune: full``, ``RUN_DIR/model`` is a model directory (``hf:RUN_DIR/model``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scope_marl.assembly import ModelCache, build_env
+from scope_marl.backends import load_backend
+from scope_marl.backends.hf import HFChatModel
+from scope_marl.config import LearnerConfig, SFTConfig, dump_config
+from scope_marl.core import files, run_layout
+from scope_marl.core.run_lock import RunLock
+from scope_marl.core.seeds import derive_seed
+from scope_marl.core.types import Message, RoleStream
+from scope_marl.envs import USER, role_view
+from scope_marl.training import checkpoint
+from scope_marl.training.learner import Learner
+from scope_marl.training.trainer import truncate_metrics
+
+ADAPTER = "simulator"
+EXPORT_ADAPTER = "adapter"  # RUN_DIR/adapter: the trained simulator adapter, peft layout
+EXPORT_MODEL = "model"  # RUN_DIR/model: the fully fine-tuned simulator (finetune: full)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One training example: a human persuadee turn and the chat the simulator sees before it."""
+
+    dialogue_id: str
+    context: list[Message]
+    target: str
+
+
+def persuadee_turns(env, split: str) -> list[Turn]:
+    """Every non-empty human persuadee turn of the corpus dialogues of ``split``, in dialogue order."""
+    from scope_marl.envs.p4g.corpus import read_dialogues
+
+    if getattr(env, "corpus_dir", None) is None:
+        raise ValueError(
+            "scope sft needs the P4G corpus (env.source: corpus): set $SCOPE_P4G_DIR or env.data_dir, "
+            "or fetch it with scope data p4g --download DIR"
+        )
+    dialogues = read_dialogues(env.corpus_dir)
+    turns = []
+    for task in env.tasks(split):
+        messages = dialogues.get(task.task_id, [])
+        system = env.system_prompt(task, USER)
+        for i, message in enumerate(messages):
+            if message.role == USER and message.content.strip():
+                turns.append(Turn(task.task_id, role_view(messages[:i], USER, system), message.content))
+    return turns
+
+
+def encode(chat: HFChatModel, turn: Turn) -> RoleStream:
+    """The turn as a stream: the rendered context as the prompt, the human's message plus the
+    end-of-turn token as the response, every response token in the loss."""
+    prompt = chat.encode_chat(turn.context, add_generation_prompt=True)
+    response = chat.encode_text(turn.target) + [chat.tokenizer.eos_token_id]
+    n = len(response)
+    return RoleStream(role=USER, prompt_ids=prompt, response_ids=response, loss_mask=[1] * n, logprobs=[0.0] * n, entropies=[0.0] * n)
+
+
+class SFTRun:
+    """One ``scope sft`` run in a run directory (locked while it lives, like ``scope train``)."""
+
+    def __init__(self, cfg: SFTConfig, run_dir: str | Path, lock: RunLock | None = None):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.lock = lock if lock is not None and lock.held else RunLock(self.run_dir).acquire()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.chat = ModelCache().get(cfg.model)
+        if not isinstance(self.chat, HFChatModel):
+            raise ValueError(f"scope sft needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
+        env = build_env(cfg.env)
+        train, val = persuadee_turns(env, "train"), persuadee_turns(env, "validation")
+        random.Random(cfg.seed).shuffle(train)
+        self.train_turns = train[: cfg.max_train_turns] if cfg.max_train_turns else train
+        self.val_turns = val[: cfg.max_val_turns]
+        self.train_dialogues = len({t.dialogue_id for t in self.train_turns})
+        self.train = [encode(self.chat, t) for t in self.train_turns]
+        self.val = [encode(self.chat, t) for t in self.val_turns]
+        if not self.train:
+            raise ValueError("the training split holds no persuadee turns; check env.data_dir")
+        learner = LearnerConfig(
+            lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, token_budget=cfg.token_budget, kl_coef=0.0
+        )
+        if cfg.finetune == "full":
+            self.policy, self.adapter = load_backend(cfg.model), None
+        else:
+            from peft import LoraConfig
+
+            lora = cfg.lora
+            self.chat.add_adapter(
+                ADAPTER, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules))
+            )
+            self.policy, self.adapter = self.chat, ADAPTER
+        self.learner = Learner(self.policy, USER, self.adapter, 1.0, learner)
+        self.steps = max(1, round(len(self.train) * cfg.epochs / cfg.batch_size))
+        self.step = 0
+        self.metrics_path = self.run_dir / run_layout.METRICS
+
+    # ---- data ----------------------------------------------------------------------------------
+    def batch(self, step: int) -> list[RoleStream]:
+        """The examples of optimizer step ``step`` (0-based): a seeded shuffle per pass, so any step's
+        batch is known from its number alone (resume needs no cursor)."""
+        n, out = len(self.train), []
+        for k in range(step * self.cfg.batch_size, (step + 1) * self.cfg.batch_size):
+            epoch, index = divmod(k, n)
+            order = list(range(n))
+            random.Random(derive_seed(self.cfg.seed, epoch)).shuffle(order)
+            out.append(self.train[order[index]])
+        return out
+
+    def validation_loss(self) -> float | None:
+        return self.learner.supervised_loss(self.val) if self.val else None
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        started = time.perf_counter()
+        metrics = self.learner.supervised_step(self.batch(self.step))
+        self.step += 1
+        record = {"step": self.step, "train_loss": metrics["loss"], "tokens": metrics["tokens"], "grad_norm": metrics["grad_norm"]}
+        every = self.cfg.eval_every
+        if self.step == self.steps or (every and self.step % every == 0):
+            record["val_loss"] = self.validation_loss()
+        record["step_s"] = time.perf_counter() - started
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.step % self.cfg.checkpoint_every == 0 or self.step == self.steps:
+            self.save()
+        return record
+
+    def run(self, progress: bool = True) -> list[dict]:
+        from tqdm.auto import tqdm
+
+        records = []
+        try:
+            with tqdm(total=self.steps, initial=self.step, desc="sft", unit="step", disable=not progress) as bar:
+                while self.step < self.steps:
+                    record = self.train_step()
+                    records.append(record)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{record['train_loss']:.3f}")
+            self.export()
+        finally:
+            self.close()
+        return records
+
+    def close(self) -> None:
+        self.lock.release()
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> Path:
+        full = self.adapter is None
+        path = checkpoint.save(
+            self.run_dir,
+            self.step,
+            self.chat,
+            [] if full else [ADAPTER],
+            {USER: self.learner.optimizer},
+            {"steps": self.steps},
+            {},
+            weights={ADAPTER: self.policy} if full else None,
+        )
+        checkpoint.prune(self.run_dir, self.cfg.keep_last, None)
+        return path
+
+    def export(self) -> Path:
+        """The trained simulator where configs can name it: RUN_DIR/adapter (or RUN_DIR/model)."""
+        if self.adapter is None:
+            with files.atomic_directory(self.run_dir / EXPORT_MODEL) as tmp:
+                self.policy.model.save_pretrained(tmp)
+                self.policy.tokenizer.save_pretrained(tmp)
+            return self.run_dir / EXPORT_MODEL
+        last = run_layout.list_checkpoints(self.run_dir)[-1]
+        with files.atomic_directory(self.run_dir / EXPORT_ADAPTER) as tmp:
+            shutil.copytree(run_layout.saved_adapter(last, ADAPTER), tmp, dirs_exist_ok=True)
+        return self.run_dir / EXPORT_ADAPTER
+
+    def restore(self, log: Callable[[str], None] = print) -> SFTRun:
+        """Continue from the newest whole checkpoint (weights, optimizer, RNG, step); metric lines of
+        later steps go, so each step appears once."""
+        checkpoint.load_newest(self.run_dir, self._load_checkpoint, log, command="scope sft CONFIG --out NEW_DIR")
+        truncate_metrics(self.metrics_path, self.step, log)
+        return self
+
+    def _load_checkpoint(self, path: Path) -> None:
+        state, optimizers, rng = checkpoint.load_state(path)
+        if self.adapter is None:
+            self.policy.load_weights(run_layout.weights_path(path, ADAPTER))
+        else:
+            self.chat.load_adapter_weights(ADAPTER, run_layout.saved_adapter(path, ADAPTER))
+        self.learner.optimizer.load_state_dict(optimizers[USER])
+        checkpoint.restore_rng(rng)
+        self.step = state["step"]
+
+
+def start_sft(cfg: SFTConfig, run_dir: str | Path) -> SFTRun:
+    """A new ``scope sft`` run (refused where a run already is), its config saved beside it."""
+    lock = RunLock(run_dir).acquire()
+    try:
+        if (Path(run_dir) / run_layout.METRICS).exists():
+            raise FileExistsError(f"{run_dir} already holds a run; continue it with: scope sft --resume {run_dir}")
+        run = SFTRun(cfg, run_dir, lock)
+    except BaseException:
+        lock.release()
+        raise
+    dump_config(cfg, Path(run_dir) / run_layout.CONFIG)
+    return run
+
+
+def resume_sft(run_dir: str | Path, log: Callable[[str], None] = print) -> SFTRun:
+    from scope_marl.config import load_config
+
+    path = Path(run_dir) / run_layout.CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} has no {run_layout.CONFIG}: is it a run directory written by scope sft?")
+    lock = RunLock(run_dir).acquire()
+    try:
+        return SFTRun(load_config(path, SFTConfig), run_dir, lock).restore(log)
+    except BaseException:
+        lock.release()
+        raise
