@@ -71,8 +71,10 @@ def test_no_validation_or_test_dialogue_reaches_training(env, tiny_model_dir, tm
     from scope_marl.training.sft import persuadee_turns, start_sft
 
     split = {name: {t.task_id for t in env.tasks(name)} for name in ("train", "validation", "test")}
-    every = persuadee_turns(env, "train")
+    every = persuadee_turns(env, "train", horizon=5)
     assert {t.dialogue_id for t in every} <= split["train"] and len({t.dialogue_id for t in every}) > 500
+    assert max(sum(m.role == "assistant" for m in t.context) for t in every) == 4, "a dialogue's first 5 persuadee turns"
+    assert len(persuadee_turns(env, "train")) > len(every)
     run = start_sft(sft_config(tiny_model_dir, max_train_turns=None, max_val_turns=50), tmp_path / "run")
     try:
         trained = {t.dialogue_id for t in run.train_turns}

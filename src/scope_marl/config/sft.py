@@ -27,6 +27,9 @@ class SFTConfig(Section):
     batch_size: int = Field(8, ge=1, description="target turns per optimizer step")
     epochs: float = Field(1.0, gt=0, description="passes over the training turns (fractions allowed)")
     token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradients accumulate across them)")
+    all_turns: bool = Field(
+        False, description="train on every persuadee turn, not only each dialogue's first env.max_exchanges (what rollouts reach)"
+    )
     max_train_turns: int | None = Field(None, ge=1, description="use only the first N training turns of a seeded shuffle")
     max_val_turns: int = Field(200, ge=1, description="validation turns scored for the validation loss")
     eval_every: int = Field(50, ge=0, description="validation loss every N steps (and at the last; 0: only before and after)")

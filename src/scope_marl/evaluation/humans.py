@@ -62,7 +62,7 @@ def simulators_vs_humans(
     chosen = list(env.tasks(split))
     random.Random(seed).shuffle(chosen)
     chosen = chosen[:tasks]
-    human_amounts = [t.data["human"]["persuadee_donation"] for t in chosen]
+    human_amounts = [min(max(t.data["human"]["persuadee_donation"], 0.0), 2.0) for t in chosen]  # as episode_donation clamps
     dialogues = read_dialogues(env.corpus_dir)
     human_turns = [m.content for t in chosen for m in dialogues.get(t.task_id, []) if m.role == USER and m.content]
     human_hist = histogram(human_amounts)

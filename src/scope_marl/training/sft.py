@@ -1,6 +1,8 @@
 """Supervised fine-tuning of a user simulator on the corpus's human persuadee turns (``scope sft``).
 
-Each example is one human persuadee turn of a P4G corpus dialogue of the TRAIN split: the context is
+Each example is one human persuadee turn of a P4G corpus dialogue of the TRAIN split (by default
+each dialogue's first ``env.max_exchanges`` persuadee turns: the states a rollout of that
+environment can reach, and contexts as long as rollouts show, not 20 turns deep): the context is
 the chat the simulator would see at that point, built exactly as the environment and the rollout
 engine build it (the persuadee's system prompt with the persona from the survey, then the dialogue
 so far as ``role_view`` shows it to the user side), and the target is the human's message followed
@@ -59,8 +61,9 @@ class Turn:
     target: str
 
 
-def persuadee_turns(env, split: str) -> list[Turn]:
-    """Every non-empty human persuadee turn of the corpus dialogues of ``split``, in dialogue order."""
+def persuadee_turns(env, split: str, horizon: int | None = None) -> list[Turn]:
+    """The non-empty human persuadee turns of the corpus dialogues of ``split``, in dialogue order:
+    each dialogue's first ``horizon`` of them (None: all)."""
     from scope_marl.envs.p4g.corpus import read_dialogues
 
     if getattr(env, "corpus_dir", None) is None:
@@ -73,8 +76,14 @@ def persuadee_turns(env, split: str) -> list[Turn]:
     for task in env.tasks(split):
         messages = dialogues.get(task.task_id, [])
         system = env.system_prompt(task, USER)
+        seen = 0
         for i, message in enumerate(messages):
-            if message.role == USER and message.content.strip():
+            if message.role != USER:
+                continue
+            if horizon is not None and seen >= horizon:
+                break
+            seen += 1
+            if message.content.strip():
                 turns.append(Turn(task.task_id, role_view(messages[:i], USER, system), message.content))
     return turns
 
@@ -102,7 +111,9 @@ class SFTRun:
         if not isinstance(self.chat, HFChatModel):
             raise ValueError(f"scope sft needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
         env = build_env(cfg.env)
-        train, val = persuadee_turns(env, "train"), persuadee_turns(env, "validation")
+        # The turns a rollout can reach: each dialogue's first env.max_exchanges persuadee turns (all_turns: every one).
+        horizon = None if cfg.all_turns else cfg.env.max_exchanges
+        train, val = persuadee_turns(env, "train", horizon), persuadee_turns(env, "validation", horizon)
         random.Random(cfg.seed).shuffle(train)
         self.train_turns = train[: cfg.max_train_turns] if cfg.max_train_turns else train
         self.val_turns = val[: cfg.max_val_turns]
