@@ -14,7 +14,9 @@ Why the project's learner rather than TRL's ``SFTTrainer``: the simulator must s
 ids in training as in rollouts (our chat rendering and stream layout), and the run must checkpoint
 and resume like ``scope train`` (atomic, hashed checkpoints, metrics truncated on resume). The
 learner's scorer already computes exact masked log-probs with one forward per prompt and a token
-budget per micro-batch; re-using it keeps one definition of "the log-prob of a turn".
+budget per micro-batch; re-using it keeps one definition of "the log-prob of a turn". It is also
+faster here: ``bench/sft_step.py`` measured 16.3 s per 8-turn step against TRL's 29.6 s (ratio 1.82,
+LoRA r 16 on every projection, fp32, 2 threads at 108 GFLOP/s GEMM).
 
 The output is a simulator like any other: ``RUN_DIR/adapter`` (peft layout) goes wherever a
 simulator takes ``adapter:`` (frozen, persona-guided, VS, rotation and panel members), into a pool
