@@ -193,3 +193,23 @@ def test_scope_eval_humans_compares_donations_and_diversity(tmp_path):
     refusals = 3 * 6  # max_exchanges 3, no donation tag ends the dialogue early
     assert refuser["distinct2"] == pytest.approx(5 / (5 * refusals)) and results["humans"]["distinct2"] > 0.5
     assert "humans (corpus)" in result.output
+
+
+def test_full_fine_tuning_exports_a_model_directory_that_plays_the_user(tiny_model_dir, tmp_path):
+    from scope_marl.assembly import ModelCache, build_simulator
+    from scope_marl.backends import load_backend
+    from scope_marl.config import FrozenSimulatorConfig
+    from scope_marl.training.sft import start_sft
+
+    run = start_sft(sft_config(tiny_model_dir, finetune="full", max_train_turns=8, lr=1e-3), tmp_path / "run")
+    run.run(progress=False)
+    base, tuned = load_backend(f"hf:{tiny_model_dir}"), load_backend(f"hf:{tmp_path / 'run' / 'model'}")
+    assert not tuned.adapters and base.model.state_dict().keys() == tuned.model.state_dict().keys()
+    assert any(not torch.equal(v, tuned.model.state_dict()[k]) for k, v in base.model.state_dict().items())
+    from scope_marl.core.types import Message
+    from scope_marl.simulators.base import SimulatorTurn
+
+    simulator = build_simulator(FrozenSimulatorConfig(model=f"hf:{tmp_path / 'run' / 'model'}"), ModelCache())
+    chat = [Message(role="system", content="You are a persuadee."), Message(role="user", content="Would you donate $1?")]
+    (reply,) = simulator.respond([SimulatorTurn(episode_id="e#0/0", task=None, context=chat)])
+    assert isinstance(reply, str) and (tmp_path / "run" / "checkpoints" / "step-000002" / "weights").is_dir()

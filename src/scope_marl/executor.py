@@ -12,7 +12,12 @@ Ray workers:
 - adapter updates go out once through the object store, tagged with a version; a worker asked to
   play a version it does not hold refuses (:class:`StaleWorker`) instead of sampling from old weights;
 - a worker that dies is replaced (its factory runs again, the newest adapters are loaded) and its
-  block is played again with the same group numbers, so the step's batch is what it would have been.
+  block is played again with the same group numbers, so the step's batch is what it would have been;
+- :meth:`RayExecutor.map` runs other picklable jobs on the same workers (an evaluation panel's
+  (simulator, task block) plays), a job of a dead worker again on its replacement.
+
+Asking for more CPUs than the cluster has (``workers x num_cpus``) is an error at once: Ray would
+otherwise wait for them forever.
 
 Ray is an optional extra (``pip install -e '.[ray]'``), imported only here and only when asked for.
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps a local cluster's services on 127.0.0.1.
@@ -90,7 +95,7 @@ class _Worker:
     def load(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> int:
         if self.engine is not None:
             load_adapter_tensors(self.engine, adapters)
-        if simulator_id is not None:  # a pool member now plays in the simulator adapter: episodes name it
+        if simulator_id is not None and self.engine is not None:  # a pool member now plays in the simulator adapter
             self.engine.simulator.simulator_id = simulator_id
         self.version = version
         return version
