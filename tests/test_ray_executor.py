@@ -362,3 +362,25 @@ def test_panel_blocks_on_ray_keep_their_group_numbers(tmp_path):
     assert messages == ["evaluating base against 1 simulator(s): 2 jobs on 2 Ray worker(s)"]
     assert local["all"]["episodes"] == 8 and local["all"]["success"]["mean"] == 0.25
     assert fanned == local
+
+
+def _dies_once(marker: str, value: int) -> int:
+    """A job whose first run kills its worker process (as an out-of-memory kill would)."""
+    from pathlib import Path
+
+    if not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(1)
+    return value
+
+
+def test_a_job_whose_worker_dies_runs_again_on_its_replacement(tmp_path):
+    ray.cloudpickle.register_pickle_by_value(__import__(__name__))  # the job lives in this test module
+    executor = RayExecutor(None, workers=2)
+    try:
+        jobs = [functools.partial(_dies_once, str(tmp_path / "marker"), 7), lambda: 8, lambda: 9]
+        assert executor.map(jobs) == [7, 8, 9] and executor.restarts == 1
+        with pytest.raises(ZeroDivisionError):
+            executor.map([lambda: 1 // 0])  # a job's own error is raised as it is
+    finally:
+        executor.close()
