@@ -50,7 +50,7 @@ def ours(steps: int, out: str) -> tuple[dict, list]:
         lr=2e-4,
     )
     run = start_sft(cfg, out)
-    turns = [run.train_turns[run.train.index(s)] for k in range(steps + 1) for s in run.batch(k)]
+    turns = [run.train_turns[i] for k in range(steps + 1) for i in run.batch_indices(k)]
     first = run.learner.supervised_step(run.batch(0))  # warm-up (and the base model's loss)
     started = time.perf_counter()
     for k in range(1, steps + 1):

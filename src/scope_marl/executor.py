@@ -138,7 +138,7 @@ class RayExecutor:
         self._actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(_Worker)
         self._factory, self._threads = factory, threads
         self.version = 0
-        self._adapters_ref = None  # the newest adapters in the object store, for replacements
+        self._latest: dict[str, dict[str, Any]] = {}  # every adapter pushed so far, newest tensors: for replacements
         self._simulator_id: str | None = None
         self.workers = [self._new_worker() for _ in range(workers)]
         ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a factory cannot build
@@ -147,8 +147,8 @@ class RayExecutor:
 
     def _new_worker(self):
         worker = self._actor_class.remote(self._factory, self._threads)
-        if self._adapters_ref is not None:
-            self._ray.get(worker.load.remote(self._adapters_ref, self.version, self._simulator_id))
+        if self._latest:  # a replacement starts from fresh adapters: it gets every adapter pushed so far
+            self._ray.get(worker.load.remote(self._ray.put(self._latest), self.version, self._simulator_id))
         return worker
 
     def push(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> None:
@@ -156,8 +156,7 @@ class RayExecutor:
         (and the simulator's new id, when a pool member was loaded into its adapter)."""
         ref = self._ray.put(adapters)
         self._ray.get([w.load.remote(ref, version, simulator_id) for w in self.workers])
-        # A replacement worker starts from fresh adapters: it gets every adapter pushed so far, newest values.
-        self._adapters_ref = ref if self._adapters_ref is None else self._ray.put({**self._ray.get(self._adapters_ref), **adapters})
+        self._latest.update(adapters)
         self._simulator_id = simulator_id or self._simulator_id
         self.version = version
 

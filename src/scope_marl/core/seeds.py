@@ -9,6 +9,7 @@ which Python's ``random.Random`` accepts as it is.
 
 from __future__ import annotations
 
+import random
 import zlib
 
 MULTIPLIER = 1_000_003
@@ -34,3 +35,13 @@ def scrambled(seed: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) >> 1  # 63 bits: torch takes it as a non-negative int64
+
+
+def shuffled_position(k: int, n: int, seed: int) -> int:
+    """The item at position ``k`` of an endless stream of passes over ``n`` items, each pass its own
+    shuffle seeded by ``derive_seed(seed, pass)``: how training runs walk their data, so a position
+    alone says which item comes (resume needs only the position)."""
+    epoch, index = divmod(k, n)
+    order = list(range(n))
+    random.Random(derive_seed(seed, epoch)).shuffle(order)
+    return order[index]

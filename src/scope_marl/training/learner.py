@@ -194,7 +194,6 @@ class Learner:
         mine = [i for i, e in enumerate(used) if e.group_id in my_groups]
         max_tokens = max(len(s.response_ids) for s in streams)
         sampled = sum(s.num_sampled_tokens for s in streams)
-        total_streams = len(streams)
         was_training = self.chat.model.training
         self.chat.model.eval()  # no dropout: the first update must score exactly what was sampled
         stats_sum: dict[str, float] = {}
@@ -233,7 +232,7 @@ class Learner:
                 # Each micro-batch's loss is its own mean; weight it by its share of the batch-level
                 # normalizer so the accumulated gradient equals the full-batch one.
                 tokens = float(mask.sum())
-                share = tokens / sampled if self.config.aggregation == "token_mean" else len(batch) / total_streams
+                share = tokens / sampled if self.config.aggregation == "token_mean" else len(batch) / len(streams)
                 (loss * share).backward()
                 for key, value in stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + value * tokens

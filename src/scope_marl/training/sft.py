@@ -42,7 +42,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.config import LearnerConfig, SFTConfig, dump_config
 from scope_marl.core import files, run_layout
 from scope_marl.core.run_lock import RunLock
-from scope_marl.core.seeds import derive_seed
+from scope_marl.core.seeds import shuffled_position
 from scope_marl.core.types import Message, RoleStream
 from scope_marl.envs import USER, role_view
 from scope_marl.training import checkpoint
@@ -146,13 +146,11 @@ class SFTRun:
     def batch(self, step: int) -> list[RoleStream]:
         """The examples of optimizer step ``step`` (0-based): a seeded shuffle per pass, so any step's
         batch is known from its number alone (resume needs no cursor)."""
-        n, out = len(self.train), []
-        for k in range(step * self.cfg.batch_size, (step + 1) * self.cfg.batch_size):
-            epoch, index = divmod(k, n)
-            order = list(range(n))
-            random.Random(derive_seed(self.cfg.seed, epoch)).shuffle(order)
-            out.append(self.train[order[index]])
-        return out
+        return [self.train[i] for i in self.batch_indices(step)]
+
+    def batch_indices(self, step: int) -> list[int]:
+        size = self.cfg.batch_size
+        return [shuffled_position(k, len(self.train), self.cfg.seed) for k in range(step * size, (step + 1) * size)]
 
     def validation_loss(self) -> float | None:
         return self.learner.supervised_loss(self.val) if self.val else None

@@ -33,7 +33,7 @@ from scope_marl.backends.seat import Seat
 from scope_marl.config import TrainConfig, load_config
 from scope_marl.core import files, run_layout
 from scope_marl.core.run_lock import RunLock
-from scope_marl.core.seeds import derive_seed
+from scope_marl.core.seeds import derive_seed, shuffled_position
 from scope_marl.envs import AGENT, USER
 from scope_marl.rollout import RolloutEngine, RolloutRecorder, summarize
 from scope_marl.training import checkpoint, data_parallel
@@ -170,10 +170,7 @@ class Trainer:
         tasks = self.env.tasks("train")
         out = []
         for _ in range(self.cfg.tasks_per_step):
-            epoch, index = divmod(self.cursor, len(tasks))
-            order = list(range(len(tasks)))
-            random.Random(derive_seed(self.cfg.seed, epoch)).shuffle(order)
-            out.append(tasks[order[index]])
+            out.append(tasks[shuffled_position(self.cursor, len(tasks), self.cfg.seed)])
             self.cursor += 1
         return out
 
@@ -240,24 +237,22 @@ class Trainer:
     def _play(self, tasks) -> list:
         """One step's groups: on the local engine; or on the Ray workers, or one block per data-parallel
         rank, under the numbers the local engine would give them (so every path samples the same episodes)."""
+        if self.world == 1 and self.executor is None:
+            return self.engine.run(tasks)
+        first = self.engine.state_dict()["groups"]
         if self.world > 1:
             from scope_marl.executor import split_blocks
 
-            first = self.engine.state_dict()["groups"]
             start, stop = split_blocks(len(tasks), self.world)[self.rank]
             episodes = data_parallel.gather(self.engine.run(tasks[start:stop], first_group=first + start))
-            self.engine.load_state_dict({"groups": first + len(tasks)})
-            return episodes
-        if self.executor is None:
-            return self.engine.run(tasks)
-        if self._unsynced:
-            adapters = {name: self.chat.adapter_tensors(name) for name in sorted(self._unsynced)}
-            simulator_id = self.engine.simulator.simulator_id if self.pool is not None else None
-            self.executor.push(adapters, version=self.step, simulator_id=simulator_id)
-            self._unsynced.clear()
-        first = self.engine.state_dict()["groups"]
-        episodes = self.executor.run(tasks, first_group=first)
-        self.engine.load_state_dict({"groups": first + len(tasks)})
+        else:
+            if self._unsynced:
+                adapters = {name: self.chat.adapter_tensors(name) for name in sorted(self._unsynced)}
+                simulator_id = self.engine.simulator.simulator_id if self.pool is not None else None
+                self.executor.push(adapters, version=self.step, simulator_id=simulator_id)
+                self._unsynced.clear()
+            episodes = self.executor.run(tasks, first_group=first)
+        self.engine.load_state_dict({"groups": first + len(tasks)})  # the groups played elsewhere are counted here
         return episodes
 
     def run(self, progress: bool = True) -> list[dict]:
