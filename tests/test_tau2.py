@@ -151,7 +151,12 @@ def test_unparsed_calls_survive_the_round_trip_and_are_counted_not_fatal(retail)
     result = episode.messages[at + 1]
     assert result.role == TOOL and result.error and "not valid JSON" in result.content
     assert from_tau2(to_tau2(episode.messages)) == episode.messages
-    assert episode.rewards[AGENT] == 1.0  # a failed parse changes nothing in the database
+    # A failed parse changes nothing in the database, so tau2 scores a success; the agent, who wrote
+    # the broken call, pays the stated penalty, and the user pays nothing.
+    assert episode.metadata["tau2_reward"] == 1.0 and episode.metadata["malformed_calls"] == {AGENT: 1}
+    assert episode.rewards == {AGENT: pytest.approx(0.9), USER: 1.0}
+    free = replay(Tau2("retail", malformed_call_penalty=0.0), t, [*messages[:at], broken, *messages[at:]])
+    assert free.rewards == {AGENT: 1.0, USER: 1.0}
 
 
 # ---- the reward against tau2's evaluator ---------------------------------------------------------------

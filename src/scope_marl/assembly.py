@@ -69,7 +69,14 @@ def build_env(cfg: EnvConfig, models: ModelCache | None = None) -> Environment:
         from scope_marl.envs.tau2 import Tau2
 
         judge = llm_judge((models or ModelCache()).get(cfg.judge)) if cfg.judge else None
-        return Tau2(cfg.domain, max_steps=cfg.max_steps, max_errors=cfg.max_errors, judge=judge)
+        return Tau2(
+            cfg.domain,
+            max_steps=cfg.max_steps,
+            max_errors=cfg.max_errors,
+            judge=judge,
+            simulator_reward=cfg.simulator_reward,
+            malformed_call_penalty=cfg.malformed_call_penalty,
+        )
     if isinstance(cfg, P4GConfig):
         from scope_marl.envs.p4g import PersuasionForGood
 

@@ -124,3 +124,74 @@ def tool_chat(view: Sequence[Message], tools: Sequence[dict]) -> list[Message]:
         else:
             chat.append(Message(role=m.role, content=m.content))
     return chat
+
+
+# ---- the call notation of a Verbalized Sampling candidate ---------------------------------------
+# A VS candidate is one field of a JSON object, written by a small model inside a string that stops
+# at a quote or a newline, so Hermes markup (quotes, newlines) cannot appear there. A candidate that
+# calls a tool is written as code instead: ``toggle_airplane_mode()`` or
+# ``set_network_mode_preference(mode=4g_5g_preferred)``, values unquoted (JSON where they parse).
+_NOTATION = re.compile(r"^\s*`*\s*(?:call\s*:?\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*`*\s*\.?\s*$", re.S | re.I)
+
+
+def _split_arguments(text: str) -> list[str]:
+    """Top-level comma-separated parts (commas inside brackets or quotes stay)."""
+    parts, depth, quote, current = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _value(text: str):
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            return text[1:-1]
+        return text
+
+
+def parse_call_notation(text: str, tools: Sequence[dict]) -> tuple[str, dict] | None:
+    """``name(arg=value, ...)`` naming one of ``tools`` -> (name, arguments); anything else -> None.
+    Positional values take the schema's parameters in order."""
+    match = _NOTATION.match(text)
+    if match is None:
+        return None
+    schemas = {t["function"]["name"]: t["function"] for t in tools}
+    name = match[1]
+    if name not in schemas:
+        return None
+    order = list(schemas[name].get("parameters", {}).get("properties", {}))
+    arguments: dict = {}
+    for i, part in enumerate(_split_arguments(match[2])):
+        key, sep, value = part.partition("=")
+        if not sep:
+            key, sep, value = part.partition(":")
+        if sep and re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*", key):
+            arguments[key.strip()] = _value(value)
+        elif i < len(order):
+            arguments[order[i]] = _value(part)
+        else:
+            return None  # more positional values than the tool has parameters: not a call of it
+    return name, arguments
+
+
+def notation_example(tools: Sequence[dict]) -> str:
+    """A call of the first tool in the notation, with its required parameters as placeholders."""
+    function = tools[0]["function"]
+    required = function.get("parameters", {}).get("required", [])
+    return f"{function['name']}(" + ", ".join(f"{p}=<{p}>" for p in required) + ")"

@@ -49,6 +49,16 @@ class Tau2Config(Section):
         None,
         description="model spec of an LLM judge for tasks scored by natural-language assertions (none of the default splits needs one)",
     )
+    simulator_reward: Literal["cooperative", "adversarial", "curriculum"] = Field(
+        "cooperative",
+        description="the user's reward: r (cooperative), 1 - r (adversarial), or the variance curriculum "
+        "exp(-(var - 0.25)^2 / 0.02) of the agent's success variance over the task's group (needs simulator_learner.baseline: batch)",
+    )
+    malformed_call_penalty: float = Field(
+        0.1,
+        ge=0,
+        description="taken from a role's reward per tool call of its own that did not parse (capped at 1, tau2's reward range; 0: off)",
+    )
 
 
 EnvConfig = Annotated[SayTheWordConfig | P4GConfig | Tau2Config, Field(discriminator="name")]

@@ -28,6 +28,10 @@ class LearnerConfig(Section):
     aggregation: Aggregation = "seq_mean_token_mean"
     normalize_std: bool = False
     constant_groups: str = Field("zero", pattern="^(zero|batch)$", description="batch: group-level rewards get a batch baseline")
+    baseline: Literal["group", "batch"] = Field(
+        "group",
+        description="group: GRPO's group mean; batch: the mean of the batch's group means (for rewards that are one number per group)",
+    )
     token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradient accumulation across micro-batches)")
     epochs: int = Field(1, ge=1, description="optimizer epochs over each rollout batch")
     train_on: list[EpisodeStatus] = Field(default_factory=lambda: [EpisodeStatus.COMPLETED])
@@ -99,6 +103,12 @@ class TrainConfig(Section):
         if self.finetune == "full" and self.trainable_roles != ["agent"]:
             raise ValueError(
                 "finetune: full trains the agent only (trainable_roles: [agent]); co-training keeps both roles as LoRA adapters"
+            )
+        curriculum = getattr(self.env, "simulator_reward", None) == "curriculum"
+        if curriculum and "user" in self.trainable_roles and (self.simulator_learner or self.learner).baseline != "batch":
+            raise ValueError(
+                "env.simulator_reward: curriculum gives every episode of a group the same user reward, so a group baseline "
+                "makes each simulator advantage exactly zero; set simulator_learner: {baseline: batch}"
             )
         if self.pool is not None and self.simulator.mode != "trainable":
             raise ValueError("pool (population co-training) needs simulator.mode: trainable")

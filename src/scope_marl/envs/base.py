@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scope_marl.core.types import TOOL, Message, ToolCall
+from scope_marl.core.types import TOOL, Episode, Message, ToolCall
 
 AGENT = "agent"  # the policy being trained
 USER = "user"  # the side a simulator plays
@@ -73,6 +73,12 @@ class Environment(ABC):
         """Run one tool call of ``role`` on ``state``; returns the ``tool`` message answering it."""
         raise NotImplementedError(f"{self.name} has no tools; {role} called {call.name!r}")
 
+    def group_rewards(self, task: Task, episodes: Sequence[Episode]) -> None:
+        """Set rewards that depend on a whole group (every rollout of ``task`` against one simulator)
+        once all of its episodes have ended; default: none. tau2's variance curriculum is one: the
+        user is rewarded by how split the agent's outcomes over the group are."""
+        return None
+
     def normalize_user_reply(self, task: Task, text: str) -> str:
         """Bring a candidate user reply in line with the environment's rules (default: unchanged)."""
         return text
@@ -111,3 +117,16 @@ def role_view(messages: Sequence[Message], role: str, system_prompt: str) -> lis
         elif m.tool_calls is None:  # a call turn (even one whose calls all failed to parse) is not for the other side
             chat.append(Message(role="user", content=m.content))
     return chat
+
+
+def malformed_calls(messages: Sequence[Message]) -> dict[str, int]:
+    """Tool calls per role that did not parse: the engine answers each with an error result under an
+    id that no call of the turn carries (the turn's ``tool_calls`` hold only the calls that parsed)."""
+    out: dict[str, int] = {}
+    issued: set[str] = set()
+    for m in messages:
+        if m.role != TOOL:
+            issued = {c.id for c in m.tool_calls or []}
+        elif m.tool_call_id not in issued and m.requestor is not None:
+            out[m.requestor] = out.get(m.requestor, 0) + 1
+    return out

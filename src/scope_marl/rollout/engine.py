@@ -100,6 +100,9 @@ class RolloutEngine:
             self._groups_started = first_group
         queue = deque(self._new_episodes(tasks))
         episodes = [live.episode for live in queue]
+        groups: dict[str, tuple[Task, list[Episode]]] = {}
+        for entry in queue:
+            groups.setdefault(entry.episode.group_id, (entry.task, []))[1].append(entry.episode)
         live: list[_Live] = []
         started = time.perf_counter()
         generated_before = self.stats.generated_tokens
@@ -119,9 +122,23 @@ class RolloutEngine:
                 bar.update(len(finished))
                 bar.set_postfix(ep_s=f"{bar.n / elapsed:.2f}", tok_s=f"{tokens / elapsed:.0f}")
         bar.close()
+        for task, members in groups.values():
+            self._group_rewards(task, members)
         self.stats.episodes += len(episodes)
         self.stats.seconds += time.perf_counter() - started
         return episodes
+
+    def _group_rewards(self, task: Task, members: list[Episode]) -> None:
+        """The environment's rewards over a whole group (tau2's curriculum), copied into the streams."""
+        try:
+            self.env.group_rewards(task, members)
+        except Exception as err:  # the group alone fails, as an episode the environment cannot score does
+            for e in members:
+                e.status, e.rewards = EpisodeStatus.FAILED, {}
+                e.error = f"the environment could not score the group ({type(err).__name__}: {err})"
+        for e in members:
+            for role, stream in e.streams.items():
+                stream.reward = e.rewards.get(role)
 
     def seat_of(self, entry: _Live, role: str) -> Seat | None:
         """The seat that generates ``role``'s turns in this episode (None: the simulator answers itself)."""
@@ -332,7 +349,7 @@ class RolloutEngine:
         for e in entries:
             context = self._view(e, USER, self.env.system_prompt(e.task, USER))
             rule = functools.partial(self.env.normalize_user_reply, e.task)
-            rows.append((e, SimulatorTurn(e.episode.episode_id, e.task, context, rule)))
+            rows.append((e, SimulatorTurn(e.episode.episode_id, e.task, context, rule, self.env.tools(e.task, USER))))
         for (entry, _), reply in self._call_isolating_failures(rows, lambda batch: simulator.respond([t for _, t in batch])):
             if isinstance(reply, Exception):
                 self._end(entry, EpisodeStatus.FAILED, f"{type(reply).__name__}: {reply}")

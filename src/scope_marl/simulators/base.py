@@ -26,6 +26,7 @@ class SimulatorTurn:
     task: Task
     context: Any
     rules: Callable[[str], str] | None = None  # the environment's rule for a user reply (e.g. P4G donation tag)
+    tools: list[dict] = field(default_factory=list)  # the user's tools (tau2 telecom), as OpenAI function schemas
 
 
 @dataclass

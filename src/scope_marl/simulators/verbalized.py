@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from typing import Literal
 
 from scope_marl.backends.base import ChatModel, SamplingParams, TokenChatModel
+from scope_marl.backends.tool_format import format_call, notation_example, parse_call_notation
 from scope_marl.core.seeds import derive_seed
-from scope_marl.core.types import Message
+from scope_marl.core.types import Message, ToolCall
 from scope_marl.simulators.base import Response, SimulatorTurn
 from scope_marl.simulators.candidates import Candidate, candidate_entropy, draw_candidate, parse_candidates
 from scope_marl.simulators.frozen import LLMSimulator
@@ -37,8 +38,11 @@ Method = Literal["prob", "random"]
 Variant = Literal["standard", "cot", "multi"]
 
 
-def vs_instruction(k: int, method: Method, variant: Variant, tail: float | None, exclude: Sequence[str] = ()) -> str:
-    """The request appended to the simulator's system prompt."""
+def vs_instruction(
+    k: int, method: Method, variant: Variant, tail: float | None, exclude: Sequence[str] = (), tools: Sequence[dict] = ()
+) -> str:
+    """The request appended to the simulator's system prompt. With tools, a candidate is a whole user
+    turn: a message, an ending token the instructions name, or one tool call in the call notation."""
     item = '{"text": "<reply>", "probability": <number between 0 and 1>}' if method == "prob" else '{"text": "<reply>"}'
     lines = [
         f"Instead of one reply, write {k} different replies this person might plausibly give next"
@@ -47,6 +51,11 @@ def vs_instruction(k: int, method: Method, variant: Variant, tail: float | None,
     ]
     if tail is not None and method == "prob":
         lines.append(f"Sample from the tails of the distribution: each probability must be below {tail}.")
+    if tools:
+        lines.append(
+            "Each reply is one whole turn: a message to the agent, or a call of one of your tools written as "
+            f"tool_name(argument=value, ...) with no quotes, for example {notation_example(tools)}"
+        )
     if exclude:
         lines.append("They must differ from these earlier ones: " + " | ".join(exclude))
     reasoning = '"reasoning": "<brief thoughts about how this person may react>", ' if variant == "cot" else ""
@@ -140,7 +149,7 @@ class VerbalizedSampling(LLMSimulator):
                 break
             gathered: dict[int, list[Candidate]] = {i: [] for i in pending}
             for k_call in per_call:  # VS-Multi: several calls, each told what was already said
-                prompts = [self._with_instruction(chats[i], k_call, [c.text for c in gathered[i]]) for i in pending]
+                prompts = [self._with_instruction(chats[i], k_call, [c.text for c in gathered[i]], turns[i].tools) for i in pending]
                 raws = self._generate(prompts, k_call)
                 for i, raw in zip(pending, raws):
                     found = parse_candidates(raw, k_call, self.method)
@@ -157,9 +166,15 @@ class VerbalizedSampling(LLMSimulator):
                 cands = [Candidate(turn.rules(c.text), c.probability) for c in cands]
             if cands:
                 index = draw_candidate(cands, self.rng)
+                calls = [parse_call_notation(c.text, turn.tools) if turn.tools else None for c in cands]
                 reply = cands[index].text
+                if calls[index] is not None:  # the drawn candidate is a call: it executes as the user's turn
+                    reply = format_call(ToolCall(id="vs", name=calls[index][0], arguments=calls[index][1]))
                 record.update(
-                    candidates=[{"text": c.text, "probability": c.probability} for c in cands],
+                    candidates=[
+                        {"text": c.text, "probability": c.probability, **({"call": call[0]} if call else {})}
+                        for c, call in zip(cands, calls)
+                    ],
                     chosen=index,
                     fallback=False,
                     entropy=candidate_entropy(cands),
@@ -170,9 +185,9 @@ class VerbalizedSampling(LLMSimulator):
             out.append(Response(reply, record))
         return out
 
-    def _with_instruction(self, chat: list[Message], k: int, exclude: list[str]) -> list[Message]:
+    def _with_instruction(self, chat: list[Message], k: int, exclude: list[str], tools: Sequence[dict] = ()) -> list[Message]:
         system, *rest = chat
-        text = f"{system.content}\n\n{vs_instruction(k, self.method, self.variant, self.tail_threshold, exclude)}"
+        text = f"{system.content}\n\n{vs_instruction(k, self.method, self.variant, self.tail_threshold, exclude, tools)}"
         return [Message(role="system", content=text), *rest]
 
     def _seeded(self, sampling: SamplingParams) -> SamplingParams:

@@ -186,7 +186,9 @@ class Learner:
         streams = [e.streams[self.role] for e in used]
         rewards = torch.tensor([s.reward for s in streams])
         groups = [e.group_id for e in used]
-        advantages = group_advantages(rewards, groups, self.config.normalize_std, self.config.constant_groups)
+        advantages = group_advantages(
+            rewards, groups, self.config.normalize_std, self.config.constant_groups, baseline=self.config.baseline
+        )
         # Data-parallel (torchrun): every rank holds the whole batch and trains on whole groups of it;
         # advantages and normalizers are the whole batch's and gradients are summed across ranks before
         # the optimizer step, so every rank applies the full-batch update.
@@ -257,6 +259,7 @@ class Learner:
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std(unbiased=False)),
             "zero_variance_groups": zero_variance_share(rewards, groups),
+            "nonzero_advantages": float((advantages.abs() > 1e-9).float().mean()),
             "trained_tokens": sampled,
             "loss": stats_sum["loss"] / self.config.epochs,
             "clip_fraction": stats_sum["clip_fraction"] / n,

@@ -22,8 +22,14 @@ def group_advantages(
     normalize_std: bool = False,
     constant_groups: Literal["zero", "batch"] = "zero",
     eps: float = 1e-6,
+    baseline: Literal["group", "batch"] = "group",
 ) -> torch.Tensor:
     """A_i = r_i - mean_{j in g(i)} r_j, optionally divided by (std_g + eps).
+
+    ``baseline="batch"`` compares every sample with the batch instead of its group:
+    A_i = r_i - mean over the batch's groups of the group means (each task weighs the same). That is
+    the baseline for a reward that is one number per group (tau2's variance curriculum), which a
+    group baseline would cancel in every group.
 
     The release uses no std normalization (Dr. GRPO argues it biases toward easy / hard groups).
     A group whose rewards are all equal gives A = 0 and teaches nothing. That is right for a reward
@@ -42,6 +48,8 @@ def group_advantages(
     mean = torch.zeros(len(index)).index_add_(0, group, rewards) / count
     centered = rewards - mean[group]
     var = torch.zeros(len(index)).index_add_(0, group, centered**2) / count  # population variance (ddof 0)
+    if baseline == "batch":
+        return rewards - mean.mean()
     constant = var[group] <= eps**2
     advantages = centered
     if normalize_std:

@@ -19,7 +19,19 @@ prompts, tools, endings and evaluator.
   is each batch of tool results); ``max_errors`` failed tool calls. The agent cannot end it.
 - **The reward** is tau2's evaluator on the episode converted to tau2's messages (``convert.py``),
   under ``EvaluationType.ALL``; any ending but the user's stop scores 0, as in tau2. Tasks scored by
-  natural-language assertions need a judge (an injected callable, off by default).
+  natural-language assertions need a judge (an injected callable, off by default). That score r is
+  the episode's *success* (``metadata["tau2_reward"]``). The agent's reward is r; the user's is r
+  (``cooperative``), 1 - r (``adversarial``) or the variance curriculum (``curriculum``, below).
+- **Malformed tool calls** cost the role that wrote them ``malformed_call_penalty`` each (default
+  0.1), taken from that role's own reward and capped at 1 (tau2's reward range), so a penalty never
+  outweighs a whole success. The caller pays because only the caller could have written the call
+  well: the agent is not charged for a user's broken device call, nor the user for the agent's.
+- **The variance curriculum** rewards the user for tasks on which the agent is neither always right
+  nor always wrong: ``exp(-(var - 0.25)^2 / 0.02)`` where var is the population variance (ddof 0)
+  of the agent's successes over the task's group, at most 0.25 for 0/1 outcomes (half right: reward
+  1; all right or all wrong: 0.044). It is one number per group, so a GRPO group baseline would make
+  every advantage exactly zero (the reference release's defect); the simulator's learner must
+  compare groups with each other instead (``baseline: batch``, checked when a run is configured).
 """
 
 from __future__ import annotations
@@ -29,12 +41,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scope_marl.core.types import TOOL, Message, ToolCall
-from scope_marl.envs.base import AGENT, USER, Environment, Task
+from scope_marl.core.types import TOOL, Episode, Message, ToolCall
+from scope_marl.envs.base import AGENT, USER, Environment, Task, malformed_calls
 from scope_marl.envs.tau2.convert import TAU2_ROLE, from_tau2, to_tau2
 from scope_marl.envs.tau2.package import DOMAINS, domain, quiet_import
 
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")  # tau2's user-simulator endings
+SIMULATOR_REWARDS = ("cooperative", "adversarial", "curriculum")
+PENALTY_CAP = 1.0  # tau2's reward lies in [0, 1]: a role loses at most the whole range to malformed calls
 OURS = ("train", "validation", "test")
 
 # Judge(assertions, transcript) -> one verdict per assertion. Any chat backend can be one (assembly.llm_judge).
@@ -58,9 +72,23 @@ def validation_size(train_size: int) -> int:
 class Tau2(Environment):
     name = "tau2"
 
-    def __init__(self, domain: str = "retail", max_steps: int = 200, max_errors: int = 10, judge: Judge | None = None):
+    def __init__(
+        self,
+        domain: str = "retail",
+        max_steps: int = 200,
+        max_errors: int = 10,
+        judge: Judge | None = None,
+        simulator_reward: str = "cooperative",
+        malformed_call_penalty: float = 0.1,
+    ):
         if domain not in DOMAINS:
             raise ValueError(f"unknown tau2 domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+        if simulator_reward not in SIMULATOR_REWARDS:
+            raise ValueError(f"unknown simulator_reward {simulator_reward!r}; choose one of {', '.join(SIMULATOR_REWARDS)}")
+        if malformed_call_penalty < 0:
+            raise ValueError(f"malformed_call_penalty must be >= 0 (0 turns it off), got {malformed_call_penalty}")
+        self.simulator_reward = simulator_reward
+        self.malformed_call_penalty = malformed_call_penalty
         self.domain = domain
         self.max_steps = max_steps  # tau2's command-line default (its Orchestrator class defaults to 100)
         self.max_errors = max_errors
@@ -196,22 +224,61 @@ class Tau2(Environment):
             self._cache["last_key"], self._cache["last_info"] = key, tau2_reward(self, task, messages, termination)
         return self._cache["last_info"]
 
+    def penalty(self, messages: Sequence[Message], role: str) -> float:
+        """What ``role`` pays for its own malformed tool calls in this conversation."""
+        return min(self.malformed_call_penalty * malformed_calls(messages).get(role, 0), PENALTY_CAP)
+
     def rewards(self, task: Task, messages: Sequence[Message]) -> dict[str, float]:
-        reward = float(self.evaluate(task, messages).reward)
-        return {AGENT: reward, USER: reward}  # the user is cooperative here; simulator reward modes are set per run
+        r = float(self.evaluate(task, messages).reward)
+        # curriculum: a placeholder of r until group_rewards sees the whole group
+        user = 1.0 - r if self.simulator_reward == "adversarial" else r
+        return {AGENT: r - self.penalty(messages, AGENT), USER: user - self.penalty(messages, USER)}
+
+    def group_rewards(self, task: Task, episodes: Sequence[Episode]) -> None:
+        """The variance curriculum: every scored episode of the group gets the same user reward
+        (less its own penalty), from the variance of the agent's successes over the group."""
+        if self.simulator_reward != "curriculum":
+            return
+        scored = [e for e in episodes if USER in e.rewards and "tau2_reward" in e.metadata]
+        if not scored:
+            return
+        successes = [float(e.metadata["tau2_reward"]) for e in scored]
+        mean = sum(successes) / len(successes)
+        variance = sum((s - mean) ** 2 for s in successes) / len(successes)
+        reward = curriculum_reward(variance)
+        for e in scored:
+            e.rewards[USER] = reward - self.penalty(e.messages, USER)
+            e.metadata["curriculum"] = {"success_variance": variance, "reward": reward, "group_size": len(scored)}
 
     def episode_metadata(self, task: Task, messages: Sequence[Message]) -> dict[str, Any]:
         termination = self.termination(task, messages)
         out: dict[str, Any] = {"domain": self.domain, "termination": termination}
+        malformed = malformed_calls(messages)
+        if malformed:
+            out["malformed_calls"] = malformed
         if termination is not None:
             info = self.evaluate(task, messages)
+            out["tau2_reward"] = float(info.reward)
             out["reward_breakdown"] = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
         return out
 
     def describe(self) -> dict[str, Any]:
         self._tau2_tasks()
         sizes = {name: len(ids) for name, ids in self._cache["splits"].items()}
-        return {"name": self.name, "domain": self.domain, "max_steps": self.max_steps, "max_errors": self.max_errors, "splits": sizes}
+        return {
+            "name": self.name,
+            "domain": self.domain,
+            "max_steps": self.max_steps,
+            "max_errors": self.max_errors,
+            "simulator_reward": self.simulator_reward,
+            "malformed_call_penalty": self.malformed_call_penalty,
+            "splits": sizes,
+        }
+
+
+def curriculum_reward(variance: float) -> float:
+    """exp(-(var - 0.25)^2 / 0.02): 1 when the agent succeeds on half of the group, 0.044 at var 0."""
+    return math.exp(-((variance - 0.25) ** 2) / 0.02)
 
 
 def evaluate_all(domain_name: str, tau2_task, tau2_messages: list, termination: str):
