@@ -34,10 +34,14 @@ def test_shipped_configs_load():
 
     root = Path(__file__).parents[1] / "configs"
     rollout, train = sorted(root.glob("rollout*.yaml")), sorted(root.glob("train_*.yaml"))
-    assert len(rollout) >= 4 and len(train) == 10
+    assert len(rollout) >= 4 and len(train) == 14
     for path in rollout:
         assert isinstance(load_config(path), RolloutRunConfig)
     arms = {load_config(path, TrainConfig).simulator.mode for path in train}
+    twins = sorted((root / "gpu").glob("train_*.yaml"))
+    assert [p.name for p in twins] == [p.name for p in train if p.name.startswith("train_tau2_")]
+    for path in twins:
+        assert load_config(path, TrainConfig).executor == "ray"
     assert arms == {"frozen", "rotation", "persona_guided", "vs", "trainable"}
     sft = load_config(root / "sft_p4g_simulator.yaml", SFTConfig)
     assert (

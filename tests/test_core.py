@@ -136,7 +136,8 @@ def test_trainer_task_order_matches_the_old_formula(seed):
 
     env = SayTheWord(num_tasks=7)
     tasks = env.tasks("train")
-    trainer = SimpleNamespace(env=env, cfg=SimpleNamespace(seed=seed, tasks_per_step=3 * len(tasks) + 2), cursor=0)
+    trainer = SimpleNamespace(env=env, cfg=SimpleNamespace(seed=seed, tasks_per_step=3 * len(tasks) + 2, task_ids=None), cursor=0)
+    trainer.train_tasks = lambda: Trainer.train_tasks(trainer)
     got = Trainer.next_tasks(trainer)
     assert [t.task_id for t in got] == [t.task_id for t in old_next_tasks(tasks, seed, 3 * len(tasks) + 2)]
     assert trainer.cursor == 3 * len(tasks) + 2

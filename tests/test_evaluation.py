@@ -93,6 +93,26 @@ def test_builtin_panels_load_and_mark_nothing_as_training():
     assert not any(s.training for s in offline.simulators)
 
 
+def test_the_tau2_panels_hold_no_training_user_of_the_shipped_tau2_configs():
+    from pathlib import Path
+
+    from scope_marl.config import TrainConfig, load_config
+
+    for name in ("tau2-offline", "tau2-api"):
+        panel = load_panel(name)
+        assert panel.env.name == "tau2" and panel.env.domain == "retail" and panel.samples_per_task == 4  # pass^1..4
+    offline = load_panel("tau2-offline")
+    assert {s.simulator.model for s in offline.simulators} == {"embedded"}
+    assert {"frozen", "persona_guided", "vs"} <= {s.simulator.mode for s in offline.simulators}
+    configs = sorted((Path(__file__).parents[1] / "configs").glob("train_tau2_retail_*.yaml"))
+    assert len(configs) == 4
+    for path in configs:
+        training = load_config(path, TrainConfig).simulator
+        for s in offline.simulators:
+            same = (s.simulator.mode, s.simulator.prompt_prefix if hasattr(s.simulator, "prompt_prefix") else "", s.simulator.sampling)
+            assert same != (training.mode, getattr(training, "prompt_prefix", ""), training.sampling), (path.name, s.id)
+
+
 def test_panel_errors_name_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("simulators:\n  - id: a\n    simulator: {mode: frozen, model: embedded}\n    trainig: true\n")
@@ -288,6 +308,18 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
     assert "| train-sim | yes |" in (run / "eval" / "eval.md").read_text()
     bad = runner.invoke(app, ["eval", "--checkpoint", str(run), "--panel", str(panel), "--out", str(tmp_path / "x"), "--training", "nope"])
     assert bad.exit_code == 2 and "not in the panel" in bad.output
+    splits = runner.invoke(
+        app, ["eval", "-c", str(run), "-p", str(panel), "--out", str(tmp_path / "both"), "--split", "test", "--split", "validation"]
+    )
+    assert splits.exit_code == 0, splits.output
+    for split in ("test", "validation"):
+        one = json.loads((tmp_path / "both" / split / "eval.json").read_text())
+        assert one["split"] == split and set(one["heldout"]["pass_k_ci"]) == {"1", "2"}
+        assert set(one["simulators"]) == {"train-sim", "hot", "scripted"}
+    both = (tmp_path / "both" / "eval.md").read_text()
+    assert "test split" in both and "validation split" in both and "pass^2 [95% CI]" in both
+    bad_split = runner.invoke(app, ["eval", "-c", str(run), "-p", str(panel), "--out", str(tmp_path / "y"), "--split", "dev"])
+    assert bad_split.exit_code == 2 and "--split 'dev' is not a split; use one of train, validation, test" in bad_split.output
 
     result = runner.invoke(app, ["report", str(run), str(run / "eval"), "--out", str(tmp_path / "report")])
     assert result.exit_code == 0, result.output

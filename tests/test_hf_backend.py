@@ -193,6 +193,33 @@ def test_prefix_cache_reuse_gives_same_tokens_and_logprobs_as_full_prefill(tiny_
         assert torch.allclose(torch.tensor(a.logprobs), ref_lp, atol=1e-4, rtol=0)
 
 
+def test_a_long_opening_shared_by_new_conversations_is_prefilled_once_with_the_same_samples(tiny_chat, monkeypatch):
+    import random
+
+    from scope_marl.backends import hf
+
+    rng = random.Random(0)
+    opening = [rng.randrange(1000, 40000) for _ in range(400)]
+    prompts = [opening + [rng.randrange(1000, 40000) for _ in range(6 + i)] for i in range(3)]
+    keys = [("episode", i) for i in range(3)]
+    seeds = [11, 12, 13]
+    sampling = SamplingParams(temperature=0.9, max_new_tokens=8)
+    shared = tiny_chat.generate_ids(prompts, sampling, cache_keys=keys, seeds=seeds)
+    # The opening (its last token is left to each row) once, then each row's own tail.
+    assert tiny_chat.prefix_cache.misses == 400 + sum(len(p) - 400 for p in prompts)
+    other = [rng.randrange(1000, 40000) for _ in range(300)]
+    tiny_chat.generate_ids([other + [5], other + [6]], sampling, cache_keys=[("other", 0), ("other", 1)], seeds=[1, 2])
+    misses = tiny_chat.prefix_cache.misses
+    later = tiny_chat.generate_ids([opening + [7, 8, 9]], sampling, cache_keys=[("episode", 9)], seeds=[14])[0]
+    assert tiny_chat.prefix_cache.misses == misses + 3, "a later conversation starts from the shared opening too"
+    tiny_chat.release([*keys, ("episode", 9), ("other", 0), ("other", 1)])
+    tiny_chat.prefix_cache.clear()
+    monkeypatch.setattr(hf, "MIN_SHARED_PREFIX", 10_000)
+    alone = tiny_chat.generate_ids([*prompts, opening + [7, 8, 9]], sampling, seeds=[*seeds, 14])
+    for a, b in zip([*shared, later], alone):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
 def test_prefix_cache_ignores_entries_of_another_adapter(lora_chat):
     chat, _ = lora_chat
     prompt = chat.encode_chat(PROMPTS[0])

@@ -115,7 +115,7 @@ def test_a_rollout_and_two_training_steps_on_retail_train_tasks(long_tiny_dir, t
 
 def test_rotation_keeps_one_user_per_group(long_tiny_dir, tmp_path):
     members = [user_sim(long_tiny_dir, "frozen", id=f"user-{i}", prompt_prefix=f"You are customer {i}.") for i in range(2)]
-    cfg = TrainConfig.model_validate(tau2_config(long_tiny_dir, {"mode": "rotation", "members": members}, steps=1))
+    cfg = TrainConfig.model_validate(tau2_config(long_tiny_dir, {"mode": "rotation", "members": members}, steps=1, task_ids=["10", "25"]))
     start(cfg, tmp_path / "run").run(progress=False)
     episodes = [json.loads(line) for f in (tmp_path / "run" / "rollouts").glob("*.jsonl") for line in f.read_text().splitlines()]
     by_group: dict[str, set] = {}
@@ -123,6 +123,9 @@ def test_rotation_keeps_one_user_per_group(long_tiny_dir, tmp_path):
         by_group.setdefault(e["group_id"], set()).add(e["simulator_id"])
     assert len(by_group) == 2 and all(len(ids) == 1 for ids in by_group.values())
     assert set().union(*by_group.values()) == {"user-0", "user-1"}
+    assert {e["task_id"] for e in episodes} <= {"10", "25"}  # task_ids: a subset of the train split
+    with pytest.raises(ValueError, match=r"task_ids \['nope'\] are not in the train split \(59 tasks"):
+        start(cfg.model_copy(update={"task_ids": ["10", "nope"]}), tmp_path / "other")
 
 
 def test_the_curriculum_needs_a_batch_baseline_for_the_trained_user(long_tiny_dir, tmp_path):

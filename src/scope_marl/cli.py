@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import typing
 from pathlib import Path
 
 import click
@@ -256,6 +257,9 @@ def eval_command(
     tasks: int = typer.Option(None, "--tasks", min=1, help="override the panel's tasks per simulator"),
     samples: int = typer.Option(None, "--samples", min=1, help="override the panel's samples per task (pass^k up to k = samples)"),
     seed: int = typer.Option(None, "--seed", help="override the panel's seed"),
+    split: list[str] = typer.Option(
+        [], "--split", help="evaluate on this split instead of the panel's (repeatable: one table per split, OUT/<split>/)"
+    ),
     training: list[str] = typer.Option([], "--training", help="mark a panel simulator id as used in training (repeatable)"),
     ray_workers: int = typer.Option(0, "--ray-workers", min=0, help="fan the panel out over N Ray workers (the ray extra); 0: here"),
     ray_address: str = typer.Option(None, "--ray-address", help="join this Ray cluster (auto, ray://HEAD:10001); default: a local one"),
@@ -268,9 +272,11 @@ def eval_command(
     With --humans: simulators against the corpus's humans (donation TV distance, distinct-2).
 
     Example: scope eval --checkpoint runs/frozen --panel offline --out runs/frozen/eval
+    Example: scope eval --checkpoint runs/tau2-frozen --panel tau2-offline --split test --split validation --out runs/tau2-frozen/eval
     Example: scope eval --humans base=frozen:embedded --humans "sft=frozen(adapter=runs/sft/adapter):embedded" --out runs/humans
     """
-    from scope_marl.evaluation.evaluate import evaluate_panel, load_agent, write_results
+    from scope_marl.config import Split
+    from scope_marl.evaluation.evaluate import evaluate_panel, load_agent, write_results, write_split_results
     from scope_marl.evaluation.panel import load_panel
 
     if humans:
@@ -285,21 +291,34 @@ def eval_command(
     unknown = set(training) - {s.id for s in chosen.simulators}
     if unknown:
         fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
+    allowed = typing.get_args(Split)
+    unknown_splits = [s for s in split if s not in allowed]
+    if unknown_splits:
+        fail(f"--split {unknown_splits[0]!r} is not a split; use one of {', '.join(allowed)}")
+    splits = list(dict.fromkeys(split)) or [chosen.split]
     agent = load_agent(checkpoint, model)
     log = lambda m: console.print(escape(m), soft_wrap=True)
+    executor = None
     if ray_workers:
         from scope_marl.executor import RayExecutor
 
         executor = RayExecutor(None, workers=ray_workers, address=ray_address)
-        try:
-            results = evaluate_panel(chosen, agent, log=log, executor=executor)
-        finally:
+    try:
+        by_split = {}
+        for name in splits:
+            log(f"split {name}")
+            by_split[name] = evaluate_panel(chosen.model_copy(update={"split": name}), agent, log=log, executor=executor)
+    finally:
+        if executor is not None:
             executor.close()
-    else:
-        results = evaluate_panel(chosen, agent, log=log)
-    report = write_results(results, out)
+    if len(by_split) == 1:
+        report = write_results(by_split[splits[0]], out)
+        console.print(report.read_text(), soft_wrap=True, markup=False)
+        console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
+        return
+    report = write_split_results(by_split, out)
     console.print(report.read_text(), soft_wrap=True, markup=False)
-    console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
+    console.print(f"results: {', '.join(str(out / s / 'eval.json') for s in splits)} and {report}", soft_wrap=True)
 
 
 def _eval_humans(humans: list[str], out: Path, tasks: int | None, seed: int | None, model: str | None) -> None:

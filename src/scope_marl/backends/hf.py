@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from scope_marl.backends.base import (
@@ -32,11 +33,14 @@ from scope_marl.backends.base import (
     check_adapters,
     cut_at_stop,
 )
-from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache
+from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache, common_prefix
 from scope_marl.core.seeds import scrambled
 from scope_marl.core.types import Message
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
+# New conversations whose prompts share at least this many leading tokens get that opening
+# prefilled once and kept as a shared prefix (tau2's 5,100-token agent prompt, a long system prompt).
+MIN_SHARED_PREFIX = 256
 
 # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model;
 # the warning is about peft's code, not ours or the user's, and would print on every run.
@@ -318,6 +322,7 @@ class HFChatModel:
         if seeds is not None and len(seeds) != n:
             raise BackendError(f"got {len(seeds)} seeds for {n} prompts; pass one per prompt or None")
         generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        self._share_openings(prompt_ids, adapters, keys)
         order = sorted(range(n), key=lambda i: len(prompt_ids[i]))
         results: list[Generation | None] = [None] * n
         for start in range(0, n, self.max_batch_size):
@@ -329,6 +334,27 @@ class HFChatModel:
             for i, out in zip(chunk, self._decode_batch(rows, sampling, generator)):
                 results[i] = out
         return results  # type: ignore[return-value]
+
+    def _share_openings(self, prompts: Sequence[Sequence[int]], adapters: Sequence[str | None], keys: Sequence[Hashable | None]) -> None:
+        """Prefill once the opening that several new conversations of this call share (same adapter,
+        at least MIN_SHARED_PREFIX common leading tokens no stored state covers yet), and keep it
+        shared: each row then prefills only the rest of its prompt."""
+        fresh: dict[tuple, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            if len(prompt) <= MIN_SHARED_PREFIX:
+                continue
+            _, covered = self.prefix_cache.reusable(keys[i], list(prompt), adapters[i])
+            if covered < MIN_SHARED_PREFIX:
+                fresh.setdefault((adapters[i], tuple(prompt[:MIN_SHARED_PREFIX])), []).append(i)
+        for (adapter, _), members in fresh.items():
+            if len(members) < 2:
+                continue
+            head = [int(t) for t in prompts[members[0]]]
+            ids = np.asarray(head)
+            length = min(common_prefix(ids, list(prompts[i]), len(prompts[i]) - 1) for i in members)
+            key = ("shared-opening", adapter, length)
+            self._decode_batch([_Row(head[:length], adapter, key)], SamplingParams(temperature=0.0, max_new_tokens=1), None)
+            self.prefix_cache.share(key)
 
     def release(self, cache_keys: Iterable[Hashable]) -> None:
         """Free the stored states of conversations that ended."""

@@ -5,14 +5,23 @@ sampled, plus the other role's reply. Re-encoding the whole history every turn w
 times the decoding itself; with this store a turn only prefills the other role's reply. Entries
 are keyed by the caller (the rollout engine uses ``(episode_id, role)``) and must be released when
 a conversation ends; the engine's cap on concurrent episodes bounds the memory.
+
+Conversations of one environment also share a long opening: tau2's agent prompt is the same
+5,100 tokens (instructions, policy, tool schemas) in every episode. The backend prefills such a
+common prefix once and keeps it as a *shared* entry (the few most recent, any key may read them),
+so a new conversation starts from it instead of prefilling the whole prompt again.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+MAX_SHARED = 4  # shared prefixes kept (each is one conversation opening's states)
 
 
 @dataclass
@@ -30,6 +39,7 @@ class CachedPrefix:
 class PrefixCache:
     def __init__(self) -> None:
         self._entries: dict[Hashable, CachedPrefix] = {}
+        self._shared: OrderedDict[tuple, tuple[CachedPrefix, np.ndarray]] = OrderedDict()
         self.hits = 0  # prompt tokens served from the store, for throughput accounting
         self.misses = 0  # prompt tokens that had to be prefilled
 
@@ -39,17 +49,33 @@ class PrefixCache:
         At least one prompt token is always left to prefill: the model needs it to produce the
         next-token logits.
         """
+        best: tuple[CachedPrefix | None, int] = (None, 0)
         entry = self._entries.get(key) if key is not None else None
-        if entry is None or entry.adapter != adapter:
-            return None, 0
-        limit = min(len(entry.ids), len(prompt) - 1)
-        n = 0
-        while n < limit and entry.ids[n] == prompt[n]:
-            n += 1
-        return (entry, n) if n else (None, 0)
+        if entry is not None and entry.adapter == adapter:
+            best = (entry, common_prefix(np.asarray(entry.ids), prompt, len(prompt) - 1))
+        used = None
+        for shared_key, (shared, ids) in self._shared.items():
+            if shared.adapter == adapter and len(ids) > best[1]:
+                n = common_prefix(ids, prompt, len(prompt) - 1)
+                if n > best[1]:
+                    best, used = (shared, n), shared_key
+        if used is not None:
+            self._shared.move_to_end(used)  # the most recently used shared prefixes are kept
+        return best if best[1] else (None, 0)
+
+    def shared_length(self, prompt: list[int], adapter: str | None) -> int:
+        """How many leading tokens of ``prompt`` a shared entry already covers."""
+        return max((common_prefix(ids, prompt, len(ids)) for e, ids in self._shared.values() if e.adapter == adapter), default=0)
 
     def store(self, key: Hashable, entry: CachedPrefix) -> None:
         self._entries[key] = entry
+
+    def share(self, key: Hashable) -> None:
+        """Make the entry stored under ``key`` a shared one (the oldest shared entry beyond MAX_SHARED goes)."""
+        entry = self._entries.pop(key)
+        self._shared[(entry.adapter, len(entry.ids), hash(tuple(entry.ids)))] = (entry, np.asarray(entry.ids))
+        while len(self._shared) > MAX_SHARED:
+            self._shared.popitem(last=False)
 
     def release(self, keys: Iterable[Hashable]) -> None:
         for key in keys:
@@ -58,10 +84,20 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget everything, e.g. after the model's weights changed."""
         self._entries.clear()
+        self._shared.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        return sum(e.nbytes for e in self._entries.values()) + sum(e.nbytes for e, _ in self._shared.values())
+
+
+def common_prefix(ids: np.ndarray, prompt: list[int], limit: int) -> int:
+    """Leading tokens ``ids`` and ``prompt`` share, at most ``limit``."""
+    n = min(len(ids), len(prompt), limit)
+    if n <= 0:
+        return 0
+    differ = np.flatnonzero(ids[:n] != np.asarray(prompt[:n]))
+    return int(differ[0]) if len(differ) else n

@@ -80,6 +80,9 @@ class TrainConfig(Section):
     simulator_learner: LearnerConfig | None = Field(None, description="the trainable simulator's learner (default: as the agent)")
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(group_size=4, max_concurrent=32))
     tasks_per_step: int = Field(4, ge=1)
+    task_ids: list[str] | None = Field(
+        None, description="train on these tasks of the train split only (default: all of it), e.g. a curriculum's subset"
+    )
     steps: int = Field(10, ge=1)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     checkpoint_every: int = Field(5, ge=1)

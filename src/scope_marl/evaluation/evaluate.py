@@ -31,7 +31,7 @@ from scope_marl.core.types import Episode, EpisodeStatus
 from scope_marl.envs import AGENT
 from scope_marl.evaluation.diversity import Coverage, diversity
 from scope_marl.evaluation.panel import Panel, PanelSimulator
-from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve
+from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve, pass_hat_k_intervals
 from scope_marl.rollout import RolloutEngine
 
 
@@ -186,6 +186,7 @@ def score(episodes: Sequence[Episode], coverage: Coverage | None, seed: int) -> 
         "reward": mean_with_ci(rewards, seed=seed, groups=tasks),
         "success": mean_with_ci([float(r > 0) for r in rewards], seed=seed, groups=tasks),
         "pass_k": pass_hat_k_curve([(sum(v), len(v)) for v in by_task.values()]),
+        "pass_k_ci": pass_hat_k_intervals([(sum(v), len(v)) for v in by_task.values()], seed=seed),
         "policy_entropy": sum(entropies) / len(entropies) if entropies else None,
         "agent_tokens": len(entropies),
         "diversity": diversity(turns, openings, coverage),
@@ -232,6 +233,7 @@ def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], Non
         "agent": agent.label,
         "step": agent.step,
         "panel": panel.name,
+        "env": panel.env.name + (f" {panel.env.domain}" if hasattr(panel.env, "domain") else ""),
         "split": panel.split,
         "seed": panel.seed,
         "coverage_reference": getattr(coverage, "source", None),
@@ -294,7 +296,7 @@ def markdown(results: dict) -> str:
         "episodes",
         "reward [95% CI]",
         "success [95% CI]",
-        *[f"pass^{k}" for k in range(1, k_max + 1)],
+        *[f"pass^{k} [95% CI]" for k in range(1, k_max + 1)],
         "policy entropy",
         "distinct-1",
         "distinct-2",
@@ -304,7 +306,8 @@ def markdown(results: dict) -> str:
         "truncated",
     ]
     lines = [
-        f"# Evaluation of `{results['agent']}` on panel `{results['panel']}` ({results['split']} split, seed {results['seed']})",
+        f"# Evaluation of `{results['agent']}` on panel `{results['panel']}` "
+        f"({results.get('env', '')}{', ' if results.get('env') else ''}{results['split']} split, seed {results['seed']})",
         "",
         f"Coverage: share of {results.get('coverage_reference') or '-'} reference clusters reached by the agent's turns.",
         "",
@@ -315,7 +318,13 @@ def markdown(results: dict) -> str:
     rows += [("**held-out**", results["heldout"], ""), ("**all**", results["all"], "")]
     for name, r, training in rows:
         d = r["diversity"]
-        passes = [format_number(r["pass_k"].get(k, r["pass_k"].get(str(k)))) for k in range(1, k_max + 1)]
+        intervals = r.get("pass_k_ci", {})
+        passes = [
+            format_interval(intervals.get(k, intervals.get(str(k))))
+            if intervals
+            else format_number(r["pass_k"].get(k, r["pass_k"].get(str(k))))
+            for k in range(1, k_max + 1)
+        ]
         lines.append(
             "| "
             + " | ".join(
@@ -343,3 +352,11 @@ def markdown(results: dict) -> str:
 def write_results(results: dict, out: Path) -> Path:
     files.write_json(out / "eval.json", results)
     return files.write_text(out / "eval.md", markdown(results))
+
+
+def write_split_results(by_split: dict[str, dict], out: Path) -> Path:
+    """Several splits: each split's eval.json / eval.md under ``OUT/<split>/``, and ``OUT/eval.md``
+    with every split's table."""
+    for split, results in by_split.items():
+        write_results(results, out / split)
+    return files.write_text(out / "eval.md", "\n".join(markdown(r) for r in by_split.values()))

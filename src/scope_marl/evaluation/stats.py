@@ -72,6 +72,15 @@ def pass_hat_k_curve(per_task: Sequence[tuple[int, int]]) -> dict[int, float]:
     return {k: sum(pass_hat_k(c, n, k) for c, n in per_task) / len(per_task) for k in range(1, k_max + 1)}
 
 
+def pass_hat_k_intervals(per_task: Sequence[tuple[int, int]], seed: int = 0) -> dict[int, dict]:
+    """pass^k for k = 1 .. the smallest sample count, each with a 95% bootstrap interval over tasks
+    (pass^k is a mean over tasks of each task's own pass^k, so tasks are what is resampled)."""
+    if not per_task:
+        return {}
+    k_max = min(n for _, n in per_task)
+    return {k: mean_with_ci([pass_hat_k(c, n, k) for c, n in per_task], seed=seed) for k in range(1, k_max + 1)}
+
+
 # Two-sided 95% Student-t quantiles by degrees of freedom (1..30); beyond, the normal 1.96.
 _T975 = [
     12.706,

@@ -134,6 +134,8 @@ class Trainer:
         self.full = cfg.finetune == "full"
         self.agent_adapter = None if self.full else ADAPTERS[AGENT]
         self.env, self.simulator = self.engine.env, self.engine.simulator
+        if cfg.task_ids is not None:
+            self.train_tasks()  # unknown task ids fail when the run starts, not at its first step
         self.learners = {}
         for role in cfg.trainable_roles:
             learner = cfg.learner if role == AGENT or cfg.simulator_learner is None else cfg.simulator_learner
@@ -165,9 +167,21 @@ class Trainer:
             self.executor = RayExecutor(factory, workers=r.workers, address=r.address, threads=r.threads, num_cpus=r.num_cpus)
 
     # ---- data --------------------------------------------------------------------------------
+    def train_tasks(self) -> list:
+        """The train split, or the tasks of it that ``task_ids`` names (in the split's order)."""
+        tasks = self.env.tasks("train")
+        if self.cfg.task_ids is None:
+            return tasks
+        known = {t.task_id for t in tasks}
+        missing = [i for i in self.cfg.task_ids if i not in known]
+        if missing:
+            raise ValueError(f"task_ids {missing} are not in the train split ({len(tasks)} tasks, e.g. {', '.join(sorted(known)[:5])})")
+        wanted = set(self.cfg.task_ids)
+        return [t for t in tasks if t.task_id in wanted]
+
     def next_tasks(self):
         """The next ``tasks_per_step`` training tasks: a seeded shuffle of the split per pass."""
-        tasks = self.env.tasks("train")
+        tasks = self.train_tasks()
         out = []
         for _ in range(self.cfg.tasks_per_step):
             out.append(tasks[shuffled_position(self.cursor, len(tasks), self.cfg.seed)])
