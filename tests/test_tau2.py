@@ -154,6 +154,7 @@ def test_unparsed_calls_survive_the_round_trip_and_are_counted_not_fatal(retail)
     # A failed parse changes nothing in the database, so tau2 scores a success; the agent, who wrote
     # the broken call, pays the stated penalty, and the user pays nothing.
     assert episode.metadata["tau2_reward"] == 1.0 and episode.metadata["malformed_calls"] == {AGENT: 1}
+    assert episode.metadata["success"] is True  # evaluation counts it a success; only training feels the penalty
     assert episode.rewards == {AGENT: pytest.approx(0.9), USER: 1.0}
     free = replay(Tau2("retail", malformed_call_penalty=0.0), t, [*messages[:at], broken, *messages[at:]])
     assert free.rewards == {AGENT: 1.0, USER: 1.0}

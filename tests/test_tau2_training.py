@@ -74,17 +74,19 @@ def user_sim(model_dir, mode: str, **extra) -> dict:
 # ---- training on retail ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["frozen", "vs", "trainable"])
+@pytest.mark.parametrize("mode", ["frozen", "persona_guided", "vs", "trainable", "population"])
 def test_a_rollout_and_two_training_steps_on_retail_train_tasks(long_tiny_dir, tmp_path, mode):
     extra = {"k": 2} if mode == "vs" else {}
     overrides = {}
-    if mode == "trainable":  # co-training, the user rewarded by the variance curriculum against a batch baseline
+    if mode in ("trainable", "population"):  # co-training, the user rewarded by the variance curriculum against a batch baseline
         overrides = {
             "trainable_roles": ["agent", "user"],
             "env": {"name": "tau2", "domain": "retail", "max_steps": 4, "simulator_reward": "curriculum"},
             "simulator_learner": {"lr": 0.01, "kl_coef": 0.01, "baseline": "batch"},
+            **({"pool": {"every": 1, "max_size": 3}} if mode == "population" else {}),
         }
-    cfg = TrainConfig.model_validate(tau2_config(long_tiny_dir, user_sim(long_tiny_dir, mode, **extra), **overrides))
+    sim_mode = "trainable" if mode == "population" else mode
+    cfg = TrainConfig.model_validate(tau2_config(long_tiny_dir, user_sim(long_tiny_dir, sim_mode, **extra), **overrides))
     trainer = start(cfg, tmp_path / "run")
     records = trainer.run(progress=False)
     assert [r["step"] for r in records] == [1, 2]
@@ -98,7 +100,13 @@ def test_a_rollout_and_two_training_steps_on_retail_train_tasks(long_tiny_dir, t
         turns = [t for e in episodes for t in e["metadata"].get("simulator_turns", [])]
         assert turns and all(t["mode"] == "vs" and t["k"] == 2 for t in turns)
         assert "verbalized_sampling" in records[0]["simulator"]
-    if mode == "trainable":
+    if mode == "persona_guided":
+        assert all(e["metadata"]["simulator"]["prompt_prefix"].startswith("Play a realistic, varied person") for e in episodes)
+    if mode == "population":  # every group faces a member of the pool (the base snapshot, then step 1's)
+        for step, record in enumerate(records):
+            assert {e["simulator_id"] for e in episodes[4 * step : 4 * step + 4]} == {f"trainable:{record['pool_member']}"}
+        assert len(list((tmp_path / "run" / "pool" / "members").iterdir())) >= 2
+    if mode in ("trainable", "population"):
         user = records[0]["train_user"]
         # The user's stream is scored by the learner exactly as it was sampled (the agent's on-policy check).
         assert user["episodes"] > 0 and user["logprob_gap"] < 1e-4 and user["ratio_mean"] == pytest.approx(1.0, abs=1e-4)

@@ -165,16 +165,23 @@ def agent_turns(episodes: Sequence[Episode]) -> tuple[list[str], list[str]]:
     return turns, openings
 
 
+def succeeded(episode: Episode) -> bool:
+    """A completed episode's success: the environment's verdict if it gives one, else agent reward > 0."""
+    verdict = episode.metadata.get("success")
+    return bool(verdict) if verdict is not None else episode.rewards.get(AGENT, 0.0) > 0
+
+
 def score(episodes: Sequence[Episode], coverage: Coverage | None, seed: int) -> dict:
     """One table row. Reward and success are over COMPLETED episodes (the others have no reward);
-    success is an agent reward above 0 (P4G: a donation). pass^k counts a FAILED or TRUNCATED
-    sample as a failure of its task."""
+    success is the environment's own verdict when it records one (``metadata["success"]``; tau2: its
+    reward is 1, whatever a malformed-call penalty took from the agent's reward), else an agent reward
+    above 0 (P4G: a donation). pass^k counts a FAILED or TRUNCATED sample as a failure of its task."""
     completed = [e for e in episodes if e.status == EpisodeStatus.COMPLETED and AGENT in e.rewards]
     rewards = [e.rewards[AGENT] for e in completed]
     tasks = [(e.simulator_id, e.task_id) for e in completed]  # the bootstrap resamples tasks, not samples
     by_task: dict[tuple, list[bool]] = defaultdict(list)
     for e in episodes:
-        by_task[(e.simulator_id, e.task_id)].append(e.status == EpisodeStatus.COMPLETED and e.rewards.get(AGENT, 0.0) > 0)
+        by_task[(e.simulator_id, e.task_id)].append(e.status == EpisodeStatus.COMPLETED and AGENT in e.rewards and succeeded(e))
     entropies = [h for e in episodes if AGENT in e.streams for h, m in zip(e.streams[AGENT].entropies, e.streams[AGENT].loss_mask) if m]
     turns, openings = agent_turns(episodes)
     count = {s: sum(e.status == s for e in episodes) for s in EpisodeStatus}
@@ -184,7 +191,7 @@ def score(episodes: Sequence[Episode], coverage: Coverage | None, seed: int) -> 
         "failed": count[EpisodeStatus.FAILED],
         "truncated": count[EpisodeStatus.TRUNCATED],
         "reward": mean_with_ci(rewards, seed=seed, groups=tasks),
-        "success": mean_with_ci([float(r > 0) for r in rewards], seed=seed, groups=tasks),
+        "success": mean_with_ci([float(succeeded(e)) for e in completed], seed=seed, groups=tasks),
         "pass_k": pass_hat_k_curve([(sum(v), len(v)) for v in by_task.values()]),
         "pass_k_ci": pass_hat_k_intervals([(sum(v), len(v)) for v in by_task.values()], seed=seed),
         "policy_entropy": sum(entropies) / len(entropies) if entropies else None,

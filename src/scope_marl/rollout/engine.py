@@ -13,6 +13,9 @@ state and the results enter the caller's context as ``tool`` messages (masked ou
 the same role then goes on until it speaks to the other side. A call that does not parse is
 answered with an error result and counted in ``Episode.tool_errors``; it never stops the batch.
 
+Rewards that depend on a whole group (tau2's variance curriculum) are set by the environment's
+``group_rewards`` once every episode of the group has ended; the streams carry the final values.
+
 Episodes end COMPLETED when the environment says so, TRUNCATED when a turn hits its token limit,
 the context is full or a per-episode cap (tool calls, steps) is reached, FAILED when a backend raises for that episode (a failing batch is retried
 row by row, so one bad request does not take its neighbours down) or the simulator's reply is

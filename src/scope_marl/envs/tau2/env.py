@@ -259,6 +259,7 @@ class Tau2(Environment):
         if termination is not None:
             info = self.evaluate(task, messages)
             out["tau2_reward"] = float(info.reward)
+            out["success"] = abs(float(info.reward) - 1.0) <= 1e-6  # tau2's own test of a successful simulation
             out["reward_breakdown"] = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
         return out
 
