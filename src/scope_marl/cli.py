@@ -308,6 +308,8 @@ def eval_command(
         for name in splits:
             log(f"split {name}")
             by_split[name] = evaluate_panel(chosen.model_copy(update={"split": name}), agent, log=log, executor=executor)
+            if len(splits) > 1:  # each split is written as soon as it is done: a later failure loses none of it
+                write_split_results(by_split, out)
     finally:
         if executor is not None:
             executor.close()

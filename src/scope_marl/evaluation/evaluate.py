@@ -363,7 +363,7 @@ def write_results(results: dict, out: Path) -> Path:
 
 def write_split_results(by_split: dict[str, dict], out: Path) -> Path:
     """Several splits: each split's eval.json / eval.md under ``OUT/<split>/``, and ``OUT/eval.md``
-    with every split's table."""
+    with every split's table (rewritten as splits are added)."""
     for split, results in by_split.items():
         write_results(results, out / split)
     return files.write_text(out / "eval.md", "\n".join(markdown(r) for r in by_split.values()))
