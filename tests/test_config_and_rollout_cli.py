@@ -34,7 +34,7 @@ def test_shipped_configs_load():
 
     root = Path(__file__).parents[1] / "configs"
     rollout, train = sorted(root.glob("rollout*.yaml")), sorted(root.glob("train_*.yaml"))
-    assert len(rollout) >= 4 and len(train) == 14
+    assert len(rollout) >= 4 and len(train) == 18
     for path in rollout:
         assert isinstance(load_config(path), RolloutRunConfig)
     arms = {load_config(path, TrainConfig).simulator.mode for path in train}

@@ -122,7 +122,7 @@ def test_panel_errors_name_the_field(tmp_path):
     dup.write_text("simulators:\n  - {id: a, simulator: {mode: frozen}}\n  - {id: a, simulator: {mode: frozen}}\n")
     with pytest.raises(ConfigError, match="distinct"):
         load_panel(dup)
-    with pytest.raises(ConfigError, match="built-in: api, offline"):
+    with pytest.raises(ConfigError, match="built-in: api, coop-offline, offline"):
         load_panel("nope")
 
 

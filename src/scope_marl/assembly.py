@@ -13,6 +13,7 @@ from scope_marl.backends import ChatModel, load_backend
 from scope_marl.backends.seat import Seat
 from scope_marl.config import (
     AgentConfig,
+    CoopConfig,
     EnvConfig,
     P4GConfig,
     PersonaGuidedConfig,
@@ -77,6 +78,11 @@ def build_env(cfg: EnvConfig, models: ModelCache | None = None) -> Environment:
             simulator_reward=cfg.simulator_reward,
             malformed_call_penalty=cfg.malformed_call_penalty,
         )
+    if isinstance(cfg, CoopConfig):
+        from scope_marl.envs.coop import Coop, Limits
+
+        limits = Limits(seconds=cfg.test_timeout_s, memory_mb=cfg.test_memory_mb)
+        return Coop(cfg.setting, cfg.tasks_dir, cfg.max_steps, cfg.tool_output_chars, cfg.partial_credit, cfg.merge, limits)
     if isinstance(cfg, P4GConfig):
         from scope_marl.envs.p4g import PersuasionForGood
 

@@ -512,5 +512,47 @@ def data_p4g(
     console.print(f"{folder}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()), soft_wrap=True)
 
 
+coop_app = typer.Typer(help="Cooperative coding (CooperBench's layout): score patches.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(coop_app, name="coop")
+
+
+@coop_app.command("score")
+@guarded
+def coop_score(
+    task_dir: Path = typer.Argument(..., help="a task folder in CooperBench's layout ({repo}_task/task{id}/)"),
+    repo: Path = typer.Option(None, "--repo", help="the upstream repository at the task's fixed commit (default: TASK_DIR/repo)"),
+    features: str = typer.Option(..., "--features", help="the two features the patches implement, N,M (first patch: N)"),
+    patches: tuple[Path, Path] = typer.Option((None, None), "--patches", help="the two seats' patches, in the order of --features"),
+    solo: Path = typer.Option(None, "--solo", help="instead of --patches: one patch that implements every feature of --features"),
+    merge: str = typer.Option("plain", "--merge", help="plain (CooperBench) or union (keeps both sides of a conflict; not CooperBench's)"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds one feature's tests may run"),
+    output: bool = typer.Option(False, "--output", help="include each feature's test output"),
+) -> None:
+    """Score two patches on a task as CooperBench does; prints one JSON object.
+
+    Git merge of the two patches (test files filtered out) on branches from the base commit; each
+    feature's hidden tests on the merged tree (on a conflict, the first patch alone), sandboxed.
+
+    Example: scope coop score data/textstats_task/task1 --features 1,2 --patches a.patch b.patch
+    """
+    import json
+
+    from scope_marl.envs.coop import Limits, Scorer, load_task
+
+    try:
+        numbers = tuple(int(n) for n in features.split(","))
+    except ValueError:
+        fail(f"--features {features!r}: write the feature numbers as N,M (e.g. 1,2)")
+    task = load_task(task_dir, repo)
+    scorer = Scorer(Limits(seconds=timeout), merge)
+    if solo is not None:
+        score = scorer.score_solo(task, numbers, solo.read_text())
+    else:
+        if None in patches or len(numbers) != 2:
+            fail("give --patches A.patch B.patch with --features N,M (two features), or --solo PATCH")
+        score = scorer.score_pair(task, numbers, (patches[0].read_text(), patches[1].read_text()))
+    typer.echo(json.dumps(score.as_json(output=output), indent=2))
+
+
 if __name__ == "__main__":
     app()

@@ -5,7 +5,7 @@ the schemas of each section. Everything is re-exported here, so ``from scope_mar
 TrainConfig`` is the usual import.
 """
 
-from scope_marl.config.env import EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
+from scope_marl.config.env import CoopConfig, EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
 from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, validate
 from scope_marl.config.rollout import AgentConfig, RaySettings, RolloutConfig, RolloutRunConfig
 from scope_marl.config.sft import SFTConfig
@@ -30,6 +30,7 @@ __all__ = [
     "AgentConfig",
     "Aggregation",
     "ConfigError",
+    "CoopConfig",
     "EnvConfig",
     "EvalSettings",
     "FrozenSimulatorConfig",

@@ -61,4 +61,22 @@ class Tau2Config(Section):
     )
 
 
-EnvConfig = Annotated[SayTheWordConfig | P4GConfig | Tau2Config, Field(discriminator="name")]
+class CoopConfig(Section):
+    """Cooperative coding (CooperBench-style): the agent and a partner (the simulator) each implement one feature."""
+
+    name: Literal["coop"]
+    setting: Literal["coop", "solo"] = Field("coop", description="coop: two seats, one feature each; solo: the agent alone, both features")
+    tasks_dir: str | None = Field(
+        None, description="folder of {repo}_task/task{id}/ tasks, each with its tree in repo/; default: the built-in tasks"
+    )
+    max_steps: int = Field(40, ge=2, description="messages (tool calls and results included) after which the episode ends and is scored")
+    tool_output_chars: int = Field(2000, ge=100, description="a tool result longer than this is cut (keeps contexts in bounds)")
+    partial_credit: bool = Field(False, description="reward the fraction of features that pass instead of 1 only when both do")
+    merge: Literal["plain", "union"] = Field(
+        "plain", description="plain git merge as CooperBench; union keeps both sides of a conflict (not CooperBench's)"
+    )
+    test_timeout_s: float = Field(30.0, gt=0, description="wall-clock limit of one sandboxed test run")
+    test_memory_mb: int = Field(1024, ge=64, description="address-space limit of one sandboxed test run")
+
+
+EnvConfig = Annotated[SayTheWordConfig | P4GConfig | Tau2Config | CoopConfig, Field(discriminator="name")]

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scope_marl.core.types import TOOL, Episode, Message, ToolCall
+from scope_marl.core.types import TOOL, Episode, EpisodeStatus, Message, ToolCall
 
 AGENT = "agent"  # the policy being trained
 USER = "user"  # the side a simulator plays
@@ -72,6 +72,14 @@ class Environment(ABC):
     def execute(self, task: Task, state: Any, role: str, call: ToolCall) -> Message:
         """Run one tool call of ``role`` on ``state``; returns the ``tool`` message answering it."""
         raise NotImplementedError(f"{self.name} has no tools; {role} called {call.name!r}")
+
+    def finish(self, task: Task, state: Any, episode: Episode) -> None:
+        """Score an episode that has ended (any status; ``episode.status`` says which) and release its
+        state. Default: rewards from the messages when it COMPLETED, metadata always. An environment
+        whose outcome lives in the state rather than the messages (coop: the working copies) overrides it."""
+        if episode.status == EpisodeStatus.COMPLETED:
+            episode.rewards = self.rewards(task, episode.messages)
+        episode.metadata.update(self.episode_metadata(task, episode.messages))
 
     def group_rewards(self, task: Task, episodes: Sequence[Episode]) -> None:
         """Set rewards that depend on a whole group (every rollout of ``task`` against one simulator)

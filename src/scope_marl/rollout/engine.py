@@ -188,9 +188,7 @@ class RolloutEngine:
         episode.status = status
         episode.error = error
         try:
-            if status == EpisodeStatus.COMPLETED:
-                episode.rewards = self.env.rewards(entry.task, episode.messages)
-            episode.metadata.update(self.env.episode_metadata(entry.task, episode.messages))
+            self.env.finish(entry.task, entry.state, episode)
         except Exception as err:  # an evaluator that cannot score this conversation fails it alone
             episode.status, episode.rewards = EpisodeStatus.FAILED, {}
             episode.error = f"the environment could not score the episode ({type(err).__name__}: {err})"

@@ -1,0 +1,1 @@
+"""calendar_tools: a small library (a cooperative-coding task of SCOPE-MARL)."""

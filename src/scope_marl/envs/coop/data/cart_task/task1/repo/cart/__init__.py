@@ -1,0 +1,1 @@
+"""cart: a small library (a cooperative-coding task of SCOPE-MARL)."""

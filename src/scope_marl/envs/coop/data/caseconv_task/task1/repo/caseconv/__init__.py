@@ -1,0 +1,1 @@
+"""caseconv: a small library (a cooperative-coding task of SCOPE-MARL)."""

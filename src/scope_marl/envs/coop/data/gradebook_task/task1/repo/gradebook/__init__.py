@@ -1,0 +1,1 @@
+"""gradebook: a small library (a cooperative-coding task of SCOPE-MARL)."""

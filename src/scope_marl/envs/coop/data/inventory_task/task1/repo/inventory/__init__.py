@@ -1,0 +1,1 @@
+"""inventory: a small library (a cooperative-coding task of SCOPE-MARL)."""

@@ -1,0 +1,1 @@
+"""ledger: a small library (a cooperative-coding task of SCOPE-MARL)."""

@@ -1,0 +1,1 @@
+"""numerals: a small library (a cooperative-coding task of SCOPE-MARL)."""

@@ -1,0 +1,1 @@
+"""shapes: a small library (a cooperative-coding task of SCOPE-MARL)."""

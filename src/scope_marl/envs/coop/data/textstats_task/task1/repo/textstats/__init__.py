@@ -1,0 +1,1 @@
+"""textstats: a small library (a cooperative-coding task of SCOPE-MARL)."""

@@ -1,0 +1,1 @@
+"""units: a small library (a cooperative-coding task of SCOPE-MARL)."""

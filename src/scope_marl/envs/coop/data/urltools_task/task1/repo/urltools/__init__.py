@@ -1,0 +1,1 @@
+"""urltools: a small library (a cooperative-coding task of SCOPE-MARL)."""

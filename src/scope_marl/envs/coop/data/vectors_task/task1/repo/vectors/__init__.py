@@ -1,0 +1,1 @@
+"""vectors: a small library (a cooperative-coding task of SCOPE-MARL)."""

@@ -1,0 +1,120 @@
+"""Cooperative-coding tasks in CooperBench's layout, and the built-in ones.
+
+A task is a folder ``{repo}_task/task{id}/`` holding ``runner.sh`` and, per feature N,
+``feature{N}/feature.md`` (the request), ``feature.patch`` (gold) and ``tests.patch`` (hidden
+tests); the pairs are every two features. Its upstream tree is ``repo/`` inside the folder (the
+built-in tasks) or any local path given to :func:`load_task` (a real CooperBench task, whose
+repository is the upstream project at the task's fixed commit). Other files are ignored, as
+CooperBench's own folders hold extras (``resolution_patches/``, ``feature.filtered.patch``).
+
+The built-in tasks (``data/``, written by ``scripts/generate_coop_tasks.py``) add, per feature,
+``visible.patch`` (tests a seat may run) and ``naive.patch`` (the feature written without regard to
+the partner), and per task ``coop.json``: the repository's split and the pairs whose naive patches
+conflict under a plain merge. Their splits are by repository and checked disjoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR = Path(__file__).with_name("data")
+SPLITS = ("train", "validation", "test")
+
+
+class TaskError(ValueError):
+    """A task folder that is not in CooperBench's layout, or a feature it does not have."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    number: int
+    request: str  # feature.md, given to the seat verbatim
+    patch: str  # gold
+    tests_patch: str  # hidden tests
+    visible_patch: str = ""  # tests the seat may run (built-in tasks)
+    naive_patch: str = ""  # written without regard to the partner (built-in tasks)
+
+
+@dataclass(frozen=True)
+class CoopTask:
+    name: str  # "{repo}/task{id}"
+    folder: Path
+    repo: Path  # the upstream tree at the fixed commit
+    features: dict[int, Feature]
+    split: str = "train"
+    naive_conflicts: frozenset[tuple[int, int]] = field(default_factory=frozenset)
+
+    @property
+    def runner(self) -> Path:
+        return self.folder / "runner.sh"
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(itertools.combinations(sorted(self.features), 2))
+
+    def feature(self, number: int) -> Feature:
+        if number not in self.features:
+            raise TaskError(f"{self.name} has no feature {number}; it has {', '.join(map(str, sorted(self.features)))}")
+        return self.features[number]
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def load_task(folder: str | Path, repo: str | Path | None = None) -> CoopTask:
+    """Read one task folder; ``repo`` is its upstream tree (default: ``folder/repo``)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TaskError(f"task folder {folder} does not exist")
+    repo = Path(repo) if repo is not None else folder / "repo"
+    if not repo.is_dir():
+        raise TaskError(f"{folder} has no repo/ folder; pass --repo PATH to the upstream repository at the task's fixed commit")
+    if not (folder / "runner.sh").is_file():
+        raise TaskError(f"{folder} has no runner.sh (CooperBench's runner: runner.sh TESTS_PATCH [FEATURE_PATCH])")
+    features = {}
+    for sub in sorted(folder.glob("feature*")):
+        m = re.fullmatch(r"feature(\d+)", sub.name)
+        if not m or not sub.is_dir():
+            continue
+        missing = [n for n in ("feature.md", "feature.patch", "tests.patch") if not (sub / n).is_file()]
+        if missing:
+            raise TaskError(f"{sub} lacks {', '.join(missing)} (each feature needs feature.md, feature.patch and tests.patch)")
+        n = int(m.group(1))
+        features[n] = Feature(
+            n,
+            (sub / "feature.md").read_text(),
+            (sub / "feature.patch").read_text(),
+            (sub / "tests.patch").read_text(),
+            _read(sub / "visible.patch"),
+            _read(sub / "naive.patch"),
+        )
+    if len(features) < 2:
+        raise TaskError(f"{folder} has {len(features)} feature folder(s); a task needs at least two (feature1/, feature2/, ...)")
+    meta = json.loads((folder / "coop.json").read_text()) if (folder / "coop.json").is_file() else {}
+    split = meta.get("split", "train")
+    if split not in SPLITS:
+        raise TaskError(f"{folder}/coop.json: split {split!r} is not one of {', '.join(SPLITS)}")
+    repo_name = folder.parent.name.removesuffix("_task")
+    conflicts = frozenset(tuple(sorted(p)) for p in meta.get("naive_conflicts", []))
+    return CoopTask(f"{repo_name}/{folder.name}", folder, repo, features, split, conflicts)
+
+
+def load_tasks(root: str | Path | None = None) -> list[CoopTask]:
+    """Every ``*_task/task*/`` folder under ``root`` (default: the built-in tasks), sorted by name;
+    the splits are checked disjoint by repository."""
+    root = Path(root) if root is not None else DATA_DIR
+    folders = sorted(p for p in root.glob("*_task/task*") if p.is_dir())
+    if not folders:
+        raise TaskError(f"no task folders ({{repo}}_task/task{{id}}/) under {root}")
+    tasks = [load_task(f) for f in folders]
+    by_repo: dict[str, set[str]] = {}
+    for t in tasks:
+        by_repo.setdefault(t.name.split("/")[0], set()).add(t.split)
+    mixed = {r: s for r, s in by_repo.items() if len(s) > 1}
+    if mixed:
+        raise TaskError(f"repositories in more than one split: {mixed}; a repository's tasks must share one split")
+    return tasks
