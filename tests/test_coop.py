@@ -361,6 +361,43 @@ def test_episodes_end_at_max_steps_and_are_scored():
     assert "tests/test_base.py" in listing and ".git" not in listing
 
 
+def test_the_environment_pickles_and_plays_on_the_other_side():
+    import pickle
+
+    env = Coop()
+    env.tasks("train")
+    twin = pickle.loads(pickle.dumps(env))  # a Ray worker's copy makes its own base repositories
+    task = twin.tasks("train")[0]
+    state = twin.start(task)
+    try:
+        listing = twin.execute(task, state, USER, ToolCall(id="c", name="list_files", arguments={})).content
+        assert "tests/test_base.py" in listing and not twin.execute(task, state, USER, ToolCall(id="d", name="run_tests")).error
+    finally:
+        twin.finish(task, state, _episode())
+    assert not state.root.exists()
+
+
+def test_a_vs_partner_draws_a_whole_turn_and_a_drawn_call_runs_in_its_own_working_copy():
+    from scope_marl.simulators.verbalized import VerbalizedSampling
+
+    env = Coop(max_steps=6)
+    task = env.tasks("train")[0]
+    candidates = {
+        "responses": [
+            {"text": "write_file(path=NOTES.md, content=hello)", "probability": 0.98},
+            {"text": "I will take the end of the module.", "probability": 0.01},
+            {"text": f"Done. {DONE}", "probability": 0.01},
+        ]
+    }
+    vs = VerbalizedSampling(ScriptedChatModel([json.dumps(candidates)]), k=3, method="prob", constrained=False, seed=0, simulator_id="vs")
+    agent = Seat(model=ScriptedChatModel(["Which function will you add?"]), sampling=SamplingParams())
+    (episode,) = RolloutEngine(env, agent, vs, RolloutConfig(group_size=1, progress=False, on_turn_limit="continue")).run([task])
+    call = next(m for m in episode.messages if m.role == USER and m.tool_calls)
+    assert call.tool_calls[0].name == "write_file" and call.tool_calls[0].arguments == {"path": "NOTES.md", "content": "hello"}
+    assert "NOTES.md" in episode.metadata["patches"][USER] and "NOTES.md" not in episode.metadata["patches"][AGENT]
+    assert episode.metadata["simulator_turns"][0]["candidates"][0]["call"] == "write_file"
+
+
 def test_prompts_and_tools_of_each_seat():
     env = Coop()
     task = env.tasks("train")[0]
@@ -398,11 +435,14 @@ def test_the_coop_panel_plays_partners_no_shipped_config_trains_against():
             assert same != (training.mode, getattr(training, "prompt_prefix", ""), training.sampling), (path.name, s.id)
 
 
-def test_one_training_step_with_a_trainable_partner(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("mode", ["trainable", "population"])
+def test_one_training_step_with_a_trainable_partner(tiny_model_dir, tmp_path, mode):
     from scope_marl.experiment import start
 
+    pool = {"pool": {"every": 1, "max_size": 3}} if mode == "population" else {}
     cfg = TrainConfig.model_validate(
-        {
+        pool
+        | {
             "model": f"hf:{tiny_model_dir}",
             "env": {"name": "coop", "max_steps": 4},
             "agent_sampling": {"temperature": 1.0, "max_new_tokens": 8},
@@ -413,16 +453,19 @@ def test_one_training_step_with_a_trainable_partner(tiny_model_dir, tmp_path):
             "learner": {"lr": 0.01, "kl_coef": 0.01},
             "rollout": {"group_size": 2, "max_concurrent": 8, "on_turn_limit": "continue", "progress": False},
             "tasks_per_step": 2,
-            "steps": 1,
+            "steps": 2 if mode == "population" else 1,
             "seed": 0,
             "threads": 1,
         }
     )
     trainer = start(cfg, tmp_path / "run")
     records = trainer.run(progress=False)
-    assert [r["step"] for r in records] == [1]
-    episodes = [json.loads(line) for f in (tmp_path / "run" / "rollouts").glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert len(episodes) == 4 and all(e["metadata"]["coop"]["merge"] in ("clean", "conflict") for e in episodes)
+    assert [r["step"] for r in records] == ([1, 2] if mode == "population" else [1])
+    episodes = [json.loads(line) for f in sorted((tmp_path / "run" / "rollouts").glob("*.jsonl")) for line in f.read_text().splitlines()]
+    if mode == "population":  # step 2's groups face a pool member: the base snapshot or step 1's partner
+        assert len(list((tmp_path / "run" / "pool" / "members").iterdir())) >= 2
+        assert {e["simulator_id"] for e in episodes[4:]} == {f"trainable:{records[1]['pool_member']}"}
+    assert len(episodes) == 4 * len(records) and all(e["metadata"]["coop"]["merge"] in ("clean", "conflict") for e in episodes)
     assert all(e["split"] == "train" for e in episodes)
     for role in ("agent", "user"):
         stats = records[0][f"train_{role}"]

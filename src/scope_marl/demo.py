@@ -448,7 +448,7 @@ NEXT_STEPS = [
     "The collapse lab on its own, and on a game estimated from the Persuasion for Good corpus: "
     "`scope lab --game theory --out runs/lab-theory`, `scope lab --game p4g --out runs/lab-p4g`.",
     "",
-    "tau2-bench, the CooperBench-style coding task and the GPU path (Ray, vLLM) are planned; the README's status table "
-    "says when each lands.",
+    "tau2-bench (`configs/train_tau2_retail_*.yaml`) and the CooperBench-style coding task "
+    "(`configs/train_coop_*.yaml`, `scope coop score`) run offline too; vLLM is planned (the README's status table says when it lands).",
     "",
 ]

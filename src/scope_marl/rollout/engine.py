@@ -13,6 +13,10 @@ state and the results enter the caller's context as ``tool`` messages (masked ou
 the same role then goes on until it speaks to the other side. A call that does not parse is
 answered with an error result and counted in ``Episode.tool_errors``; it never stops the batch.
 
+When an episode ends (any status), the environment's ``finish`` scores it (rewards when it
+COMPLETED, metadata always) with the per-episode state still at hand, then releases that state:
+coop scores the seats' working copies there.
+
 Rewards that depend on a whole group (tau2's variance curriculum) are set by the environment's
 ``group_rewards`` once every episode of the group has ended; the streams carry the final values.
 
