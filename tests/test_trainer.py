@@ -230,7 +230,7 @@ def test_a_bad_eval_panel_fails_when_training_starts(tiny_model_dir, tmp_path):
     from scope_marl.config import ConfigError
 
     cfg = config(tiny_model_dir, eval={"every": 1, "panel": "no-such-panel"})
-    with pytest.raises(ConfigError, match="built-in: api, offline"):
+    with pytest.raises(ConfigError, match="neither a file nor a built-in panel; built-in: api, coop-offline, offline"):
         start(TrainConfig.model_validate(cfg), tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
