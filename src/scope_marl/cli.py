@@ -554,5 +554,105 @@ def coop_score(
     typer.echo(json.dumps(score.as_json(output=output), indent=2))
 
 
+study_app = typer.Typer(help="Human study: real people chat with trained agents in a browser.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(study_app, name="study")
+STUDY_EXTRA = "the study server needs the study extra: pip install -e '.[study]'"
+
+
+def _study_imports():
+    try:
+        import fastapi  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        fail(STUDY_EXTRA)
+
+
+@study_app.command("serve")
+@guarded
+def study_serve(
+    study: Path = typer.Argument(..., help="the study file (YAML): conditions, cards, survey, limits"),
+    db: Path = typer.Option(Path("study.sqlite"), "--db", help="the SQLite database (created if missing; a restart resumes it)"),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="listen address (127.0.0.1: this machine only; put a TLS proxy in front to go public)"
+    ),
+    port: int = typer.Option(8000, "--port"),
+    invite: int = typer.Option(0, "--invite", help="create N participant links at start and print them"),
+) -> None:
+    """Serve a human study: consent, persona card, chat with the agent of a blindly assigned
+    condition, donation, survey, completion code. Prints the admin page's key.
+
+    Example: scope study serve configs/study_p4g.yaml --db runs/study.sqlite --invite 5
+    """
+    _study_imports()
+    from scope_marl.config.study import load_study
+    from scope_marl.study.server import serve
+
+    serve(load_study(study), db, host, port, invite, log=lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False))
+
+
+@study_app.command("invite")
+@guarded
+def study_invite(
+    db: Path = typer.Option(..., "--db", help="the study database"),
+    n: int = typer.Option(..., "--n", min=1, max=10000, help="how many links"),
+    base_url: str = typer.Option("http://127.0.0.1:8000", "--base-url", help="the address participants reach the server at"),
+) -> None:
+    """Create participant links (192-bit tokens; only their hashes are stored, so keep the printed links).
+
+    Example: scope study invite --db runs/study.sqlite --n 20 --base-url https://study.example.org
+    """
+    from scope_marl.study.store import Store
+
+    store = Store(db)
+    try:
+        for token in store.invite(n):
+            typer.echo(f"{base_url.rstrip('/')}/s/{token}")
+    finally:
+        store.close()
+
+
+@study_app.command("export")
+@guarded
+def study_export(
+    db: Path = typer.Option(..., "--db", help="the study database"),
+    out: Path = typer.Option(..., "--out", "-o", help="writes participants.jsonl and participants.csv here"),
+) -> None:
+    """Every participant who did not withdraw: conversation, donation and answers (JSONL), and one row each (CSV).
+
+    Example: scope study export --db runs/study.sqlite --out runs/study-export
+    """
+    from scope_marl.study.store import Store
+
+    if not db.is_file():
+        fail(f"no study database at {db}; pass the file scope study serve --db wrote")
+    store = Store(db)
+    try:
+        for path in store.export(out):
+            typer.echo(str(path))
+    finally:
+        store.close()
+
+
+@study_app.command("report")
+@guarded
+def study_report(
+    study: Path = typer.Argument(..., help="the study file the server ran (conditions and survey questions)"),
+    db: Path = typer.Option(..., "--db", help="the study database"),
+    out: Path = typer.Option(..., "--out", "-o", help="writes report.md, report.html, study.png and summary.json here"),
+) -> None:
+    """Per condition: donation rate, mean donation, survey scores and conversation length, with 95%
+    bootstrap intervals, and a plot.
+
+    Example: scope study report configs/study_p4g.yaml --db runs/study.sqlite --out runs/study-report
+    """
+    from scope_marl.config.study import load_study
+    from scope_marl.study.report import write_report
+
+    path = write_report(db, load_study(study), out)
+    console.print(path.read_text(), soft_wrap=True, markup=False)
+    console.print(f"report: {path}", soft_wrap=True)
+
+
 if __name__ == "__main__":
     app()

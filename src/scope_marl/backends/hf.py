@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -295,8 +296,12 @@ class HFChatModel:
         adapters: Sequence[str | None] | None = None,
         cache_keys: Sequence[Hashable | None] | None = None,
         seeds: Sequence[int] | None = None,
+        on_token: Callable[[int, int], None] | None = None,
     ) -> list[Generation]:
         """Generate from token ids. Batches of similar length run together; order is preserved.
+
+        ``on_token(i, token_id)`` is called for every sampled token of prompt ``i`` as soon as it is
+        sampled (a server streams replies from it); the returned generations are the same either way.
 
         ``seeds``: one random stream per prompt, so a row samples the same tokens whichever rows
         share its batch (its logits can still differ in the last bits with the batch's shape).
@@ -331,6 +336,9 @@ class HFChatModel:
             if seeds is not None:
                 for i, row in zip(chunk, rows):
                     row.generator = torch.Generator().manual_seed(scrambled(seeds[i]))
+            if on_token is not None:
+                for i, row in zip(chunk, rows):
+                    row.on_token = partial(on_token, i)
             for i, out in zip(chunk, self._decode_batch(rows, sampling, generator)):
                 results[i] = out
         return results  # type: ignore[return-value]
@@ -434,6 +442,8 @@ class HFChatModel:
                 row.out.append(t)
                 row.logprobs.append(logprob)
                 row.entropies.append(e)
+                if row.on_token is not None:
+                    row.on_token(t)
                 if t in self.stop_ids or (sampling.stop and self._hit_stop(row.out, sampling.stop)):
                     row.finish = "stop"
                     finished.append(j)
@@ -517,3 +527,4 @@ class _Row:
     entropies: list[float] = field(default_factory=list)
     finish: FinishReason = "length"
     generator: torch.Generator | None = None  # the row's own random stream (per-episode seeds)
+    on_token: Callable[[int], None] | None = None  # told each sampled id as it is sampled (streaming)

@@ -90,10 +90,13 @@ class AgentRecipe:
         return AgentUnderTest(base, name, self.label, models, self.step, self.spec)
 
 
-def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderTest:
+def load_agent(checkpoint_or_base: str, model: str | None = None, models: ModelCache | None = None, name: str = "agent") -> AgentUnderTest:
     """``base`` (the untrained ``model``, default embedded), a run directory (its best checkpoint,
-    else its last), or a checkpoint directory."""
-    models = ModelCache()
+    else its last), or a checkpoint directory.
+
+    Several agents can share one loaded base: pass the same ``models`` and a distinct adapter ``name`` each.
+    """
+    models = models or ModelCache()
     if checkpoint_or_base == "base":
         spec = model or "embedded"
         chat = models.get(spec)
@@ -111,8 +114,8 @@ def load_agent(checkpoint_or_base: str, model: str | None = None) -> AgentUnderT
         agent = load_backend(spec)
         agent.load_weights(run_layout.weights_path(path, "agent"))
         return AgentUnderTest(agent, None, str(path), models, step, spec)
-    base.add_adapter("agent", str(run_layout.saved_adapter(path, "agent")))
-    return AgentUnderTest(base, "agent", str(path), models, step, spec)
+    base.add_adapter(name, str(run_layout.saved_adapter(path, "agent")))
+    return AgentUnderTest(base, name, str(path), models, step, spec)
 
 
 def simulator_seed(panel_seed: int, simulator_id: str) -> int:

@@ -27,7 +27,8 @@ PANELS = [
 ]
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: plots are files, no display needed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +46,7 @@ def plot_collapse(series: dict[str, list[dict]], path: str | Path, title: str = 
     """
     import matplotlib.ticker
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharex=True)  # one step axis, even for a single evaluation point
     styles = ["-", "--", ":", "-."]  # arms with equal numbers still show as separate lines
     markers = ["o", "s", "^", "D", "v", "P"]
@@ -159,7 +160,7 @@ def plot_heldout_bars(runs: dict[str, dict], path: Path) -> Path | None:
     evaluated = {name: run["evaluation"] for name, run in runs.items() if run["evaluation"]}
     if not evaluated:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     simulators = list(dict.fromkeys(sid for ev in evaluated.values() for sid in ev["simulators"]))
     trained = {sid for ev in evaluated.values() for sid, r in ev["simulators"].items() if r["training"]}
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(simulators) * max(1, len(evaluated)) / 2 + 3), 4.5))
