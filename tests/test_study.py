@@ -341,3 +341,48 @@ def test_store_opens_in_wal_mode(tmp_path):
         assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         store.close()
+
+
+def complete(client, token, donation: str, amount: float, score: int) -> None:
+    to_chat(client, token)
+    client.post(f"/api/{token}/messages", json={"text": "Tell me more."})
+    wait_for_reply(client, token)
+    client.post(f"/api/{token}/end", json={})
+    client.post(f"/api/{token}/donation", json={"text": donation})
+    client.post(f"/api/{token}/donation/confirm", json={"amount": amount})
+    done = client.post(f"/api/{token}/survey", json={"answers": {"persuasive": score, "natural": score, "respectful": score}})
+    assert done.json()["stage"] == "done"
+
+
+def test_the_report_and_the_cli_read_what_participants_did(server, tmp_path):
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+    from scope_marl.study.report import write_report
+
+    config = study()
+    s, client = server(config)
+    tokens = s.store.invite(5)
+    for i, t in enumerate(tokens[:4]):
+        complete(client, t, "I'll give $1" if i % 2 else "No, nothing.", 1.0 if i % 2 else 0.0, 3 + i)
+    client.post(f"/api/{tokens[4]}/consent", json={})  # started, not completed: not in the report
+    by_condition = {}
+    for r in s.store.records(include_incomplete=False):
+        by_condition.setdefault(r["condition"], []).append(r)
+    path = write_report(s.store.path, config, tmp_path / "report")
+    text = path.read_text()
+    summary = __import__("json").loads((tmp_path / "report" / "summary.json").read_text())
+    for name, rows in by_condition.items():
+        assert summary[name]["n"] == len(rows)
+        assert summary[name]["donation"]["mean"] == pytest.approx(sum(r["donation"] for r in rows) / len(rows))
+        assert f"| {name} | {len(rows)} |" in text
+    assert (tmp_path / "report" / "study.png").stat().st_size > 1000 and (tmp_path / "report" / "report.html").exists()
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(__import__("yaml").safe_dump(config.model_dump(mode="json")))
+    runner = CliRunner()
+    out = runner.invoke(app, ["study", "export", "--db", str(s.store.path), "--out", str(tmp_path / "export")])
+    assert out.exit_code == 0 and len((tmp_path / "export" / "participants.jsonl").read_text().splitlines()) == 5
+    out = runner.invoke(app, ["study", "invite", "--db", str(s.store.path), "--n", "2", "--base-url", "https://x.org"])
+    assert out.exit_code == 0 and out.output.count("https://x.org/s/") == 2
+    out = runner.invoke(app, ["study", "report", str(study_file), "--db", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "r2")])
+    assert out.exit_code == 2 and "no study database" in out.output and "Traceback" not in out.output
