@@ -386,3 +386,40 @@ def test_the_report_and_the_cli_read_what_participants_did(server, tmp_path):
     assert out.exit_code == 0 and out.output.count("https://x.org/s/") == 2
     out = runner.invoke(app, ["study", "report", str(study_file), "--db", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "r2")])
     assert out.exit_code == 2 and "no study database" in out.output and "Traceback" not in out.output
+
+
+def test_trained_checkpoints_share_one_loaded_base_model_with_an_adapter_each(server, tiny_model_dir, tmp_path):
+    from scope_marl.config import TrainConfig
+    from scope_marl.experiment import start
+
+    run = tmp_path / "run"
+    train = {
+        "model": f"hf:{tiny_model_dir}",
+        "env": {"name": "say_the_word", "num_tasks": 4, "max_exchanges": 1},
+        "agent_sampling": {"temperature": 1.0, "max_new_tokens": 4},
+        "simulator": {"mode": "frozen", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 4}},
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "rollout": {"group_size": 2, "on_turn_limit": "continue", "progress": False},
+        "tasks_per_step": 1,
+        "steps": 1,
+        "checkpoint_every": 1,
+        "threads": 1,
+    }
+    start(TrainConfig.model_validate(train), run).run(progress=False)
+    config = study(
+        conditions=[{"name": "base", "agent": "base", "model": f"hf:{tiny_model_dir}"}, {"name": "trained", "agent": str(run)}],
+        sampling={"temperature": 1.0, "max_new_tokens": 8},
+    )
+    s, client = server(config)
+    agents = s.worker.conditions.agents
+    assert agents["trained"].chat is agents["base"].chat  # one copy of the weights
+    assert agents["base"].adapter is None and agents["trained"].adapter == "study-trained"
+    tokens = s.store.invite(2)
+    for t in tokens:
+        client.post(f"/api/{t}/consent", json={})
+    conditions = {s.store.find(t).id: s.store.find(t).condition for t in tokens}
+    assert sorted(conditions.values()) == ["base", "trained"]
+    for t in tokens:
+        client.post(f"/api/{t}/start", json={})
+    for t in tokens:
+        assert len(wait_for_reply(client, t, timeout=60)["messages"]) == 1

@@ -9,6 +9,7 @@ stack trace ever leaves the server (it goes to the server's log).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -30,6 +31,8 @@ from scope_marl.study.store import PARTICIPANT, Participant, Refused, Store, csv
 
 log = logging.getLogger("scope_marl.study")
 ADMIN_COOKIE = "scope_study_admin"
+# The participant page loads only its own script and style: even a markup bug could not run injected code.
+CSP = "default-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 
 
 class RateLimiter:
@@ -90,6 +93,8 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
     per_token = RateLimiter(limits.requests_per_minute)
     admin_attempts = RateLimiter(10)
     admin_key = store.secret("admin_key")
+    # The cookie holds a value derived from the key, not the key itself.
+    admin_session = hmac.new(admin_key.encode(), b"scope-study-admin-session", hashlib.sha256).hexdigest()
     static = {name: pages.static_text(name) for name in ("chat.html", "chat.js", "style.css")}
 
     # ---- errors: a clear message, never a trace ----------------------------------------------------
@@ -118,9 +123,11 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     # ---- helpers ---------------------------------------------------------------------------------
     def participant(request: Request, token: str) -> Participant:
-        if not per_token.allow(token[:64]):
-            raise Refused("too many requests from this link; wait a minute and try again", status=429)
         p = store.find(token)
+        # Valid links are limited per token, guesses per client address (so made-up tokens cannot grow the table).
+        key = p.id if p is not None else "guess:" + (request.client.host if request.client else "?")
+        if not per_token.allow(key):
+            raise Refused("too many requests from this link; wait a minute and try again", status=429)
         if p is None:
             raise Refused("this link is not valid; check that you copied the whole link you were given", status=404)
         if p.withdrawn:
@@ -180,7 +187,9 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
     @app.get("/s/{token}", response_class=HTMLResponse)
     def chat_page(request: Request, token: str):
         participant(request, token)
-        return HTMLResponse(static["chat.html"], headers={"Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+        return HTMLResponse(
+            static["chat.html"], headers={"Referrer-Policy": "no-referrer", "Cache-Control": "no-store", "Content-Security-Policy": CSP}
+        )
 
     @app.get("/api/{token}/state")
     def get_state(request: Request, token: str):
@@ -321,15 +330,14 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     # ---- admin -------------------------------------------------------------------------------------
     def is_admin(request: Request) -> bool:
-        return hmac.compare_digest(request.cookies.get(ADMIN_COOKIE, ""), admin_key)
+        return hmac.compare_digest(request.cookies.get(ADMIN_COOKIE, ""), admin_session)
 
     @app.get("/admin", response_class=HTMLResponse)
     def admin(request: Request):
         if not is_admin(request):
             return HTMLResponse(pages.admin_login(), status_code=401)
-        queued = len(worker._queue)
         return pages.admin_dashboard(
-            config.title, store.progress(conditions.names), config.target_per_condition, queued, worker.batch_sizes
+            config.title, store.progress(conditions.names), config.target_per_condition, worker.queued, worker.batch_sizes
         )
 
     @app.post("/admin/login")
@@ -340,7 +348,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         if not hmac.compare_digest(key, admin_key):
             return HTMLResponse(pages.admin_login("wrong admin key"), status_code=403)
         response = RedirectResponse("/admin", status_code=303)
-        response.set_cookie(ADMIN_COOKIE, admin_key, httponly=True, samesite="strict")
+        response.set_cookie(ADMIN_COOKIE, admin_session, httponly=True, samesite="strict")
         return response
 
     @app.post("/admin/invite", response_class=HTMLResponse)

@@ -84,6 +84,11 @@ class ReplyWorker:
             self._cv.notify_all()
         self._thread.join(timeout=30)
 
+    @property
+    def queued(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
     def has_room(self) -> bool:
         with self._cv:
             return len(self._queue) < self.queue_limit
