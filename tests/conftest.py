@@ -86,3 +86,13 @@ def tiny_model_dir(tmp_path_factory, make_tiny_model, tokenizer):
     plain.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``vllm`` run only when asked for (``pytest -m vllm``): they need vLLM's own venv."""
+    if "vllm" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="opt-in: pytest -m vllm (needs vLLM's venv: scope serve vllm --install-only)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)

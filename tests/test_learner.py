@@ -64,6 +64,24 @@ def test_first_step_is_on_policy_ratio_one_no_clipping(co_training):
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and metrics["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_a_remote_samplers_log_probs_are_replaced_by_the_learners_and_their_gap_reported(co_training):
+    """A vLLM server's log-probs differ from ours in float detail (or definition): with old_logprobs: learner
+    the ratio's denominator is the learner's own re-scoring, so the first update is on-policy anyway."""
+    chat, episodes = co_training
+    shifted = copy.deepcopy(episodes)
+    for e in shifted:
+        s = e.streams[AGENT]
+        s.logprobs = [lp - 0.05 for lp in s.logprobs]  # as a sampler with a different definition would record them
+    sampler = Learner(copy.deepcopy(chat), AGENT, "agent", SAMPLING.temperature, LearnerConfig(lr=1e-3)).step(shifted)
+    learner = Learner(copy.deepcopy(chat), AGENT, "agent", SAMPLING.temperature, LearnerConfig(lr=1e-3, old_logprobs="learner"))
+    metrics = learner.step(shifted)
+    assert metrics["logprob_gap"] == pytest.approx(0.05, abs=1e-4) and metrics["logprob_gap_mean"] == pytest.approx(0.05, abs=1e-4)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_fraction"] == 0.0
+    assert sampler["ratio_mean"] == pytest.approx(float(torch.tensor(0.05).exp()), abs=1e-3)  # the shift enters the ratio
+    exact = Learner(copy.deepcopy(chat), AGENT, "agent", SAMPLING.temperature, LearnerConfig(lr=1e-3)).step(episodes)
+    assert exact["logprob_gap_mean"] < 1e-5
+
+
 @pytest.mark.parametrize("trained,frozen", [(AGENT, USER), (USER, AGENT)])
 def test_training_one_role_leaves_the_other_bit_identical(co_training, trained, frozen):
     chat, episodes = co_training

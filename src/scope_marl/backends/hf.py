@@ -34,9 +34,9 @@ from scope_marl.backends.base import (
     check_adapters,
     cut_at_stop,
 )
+from scope_marl.backends.chat_tokens import ChatTokens
 from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache, common_prefix
 from scope_marl.core.seeds import scrambled
-from scope_marl.core.types import Message
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
 # New conversations whose prompts share at least this many leading tokens get that opening
@@ -151,7 +151,7 @@ def attention_mask_4d(valid: torch.Tensor, query_cols: torch.Tensor) -> torch.Te
     return ((valid[:, None, :] & causal[None]) | own[None])[:, None]
 
 
-class HFChatModel:
+class HFChatModel(ChatTokens):
     """A transformers causal LM (optionally with peft LoRA adapters) behind the ChatModel protocol."""
 
     def __init__(
@@ -162,14 +162,11 @@ class HFChatModel:
         default_system_prompt: str | None = None,
         max_batch_size: int = 64,
     ):
+        super().__init__(tokenizer, default_system_prompt)
         self.model = model.eval()
-        self.tokenizer = tokenizer
         self.name = name
-        self.default_system_prompt = default_system_prompt
         self.max_batch_size = max_batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.stop_ids = self._end_of_turn_ids(tokenizer)
-        self.eot_id = tokenizer.eos_token_id  # what the chat template writes at the end of a turn
         self.prefix_cache = PrefixCache()
         # Wall time by phase, for benchmarks and profiling ("where does the time go").
         self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "decode_steps": 0, "decode_rows": 0}
@@ -190,15 +187,6 @@ class HFChatModel:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
         return cls(model, tokenizer, name=name or f"hf:{path}", **kwargs)
-
-    @staticmethod
-    def _end_of_turn_ids(tokenizer) -> set[int]:
-        ids = {tokenizer.eos_token_id}
-        for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-            tid = tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-                ids.add(tid)
-        return {i for i in ids if i is not None}
 
     # ---- LoRA adapters -------------------------------------------------------------------------
     @property
@@ -222,6 +210,10 @@ class HFChatModel:
         else:
             self.model = get_peft_model(self.model, source, adapter_name=name)
         self.model.eval()
+
+    def remove_adapter(self, name: str) -> None:
+        """Drop adapter ``name`` (an evicted pool member; names are never reused, so cached states need no purge)."""
+        self.model.delete_adapter(name)
 
     def load_adapter_weights(self, name: str, folder: str | os.PathLike) -> None:
         """Overwrite adapter ``name``'s weights with those saved in ``folder`` (peft layout)."""
@@ -255,38 +247,6 @@ class HFChatModel:
 
         load_model(self.model, str(path))
         self.prefix_cache.clear()
-
-    # ---- prompts -------------------------------------------------------------------------------
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The chat as text through the tokenizer's chat template.
-
-        A missing system message is filled with ``default_system_prompt`` (when set) so that no
-        template-injected default (SmolLM2 names itself otherwise) leaks into a role's context.
-        """
-        chat = [{"role": m.role, "content": m.content} for m in messages]
-        if self.default_system_prompt is not None and (not chat or chat[0]["role"] != "system"):
-            chat.insert(0, {"role": "system", "content": self.default_system_prompt})
-        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode_text(self.render_chat(messages, add_generation_prompt))
-
-    def encode_text(self, text: str) -> list[int]:
-        """Token ids of rendered chat text (special tokens written in it are parsed, none added)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Exact text of token ids, special tokens included."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[Message]],
-        sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        seeds: Sequence[int] | None = None,
-    ) -> list[Generation]:
-        return self.generate_ids([self.encode_chat(p) for p in prompts], sampling, adapters, seeds=seeds)
 
     # ---- decoding ------------------------------------------------------------------------------
     def generate_ids(

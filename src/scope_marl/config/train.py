@@ -35,6 +35,12 @@ class LearnerConfig(Section):
     token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradient accumulation across micro-batches)")
     epochs: int = Field(1, ge=1, description="optimizer epochs over each rollout batch")
     train_on: list[EpisodeStatus] = Field(default_factory=lambda: [EpisodeStatus.COMPLETED])
+    old_logprobs: Literal["sampler", "learner"] = Field(
+        "sampler",
+        description="the ratio's denominator: the log-probs recorded at sampling (exact for local models), or the learner's own "
+        "re-scoring of the batch before its first update (for a remote sampler such as a vLLM server, whose log-probs differ in "
+        "float detail); the sampler/learner gap is reported either way",
+    )
 
 
 class LoraSettings(Section):
@@ -70,6 +76,11 @@ class TrainConfig(Section):
     """``scope train``: one experiment arm."""
 
     model: str = Field("embedded", description="the base model every LoRA adapter sits on (a local model spec)")
+    sampler: str | None = Field(
+        None,
+        description="a server that plays every seat on `model` during rollouts (vllm:MODEL@URL serving the same weights); the "
+        "learners train on the local copy and push each updated adapter to it by version",
+    )
     env: EnvConfig = Field(default_factory=SayTheWordConfig)
     agent_sampling: SamplingParams = Field(default_factory=default_sampling)
     simulator: SimulatorConfig = Field(default_factory=FrozenSimulatorConfig)
@@ -103,6 +114,8 @@ class TrainConfig(Section):
             )
         if self.simulator.mode == "trainable" and "user" not in self.trainable_roles:
             raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
+        if self.sampler is not None and self.finetune == "full":
+            raise ValueError("sampler: a server receives LoRA adapters, not whole weights; use finetune: lora with a sampler")
         if self.finetune == "full" and self.trainable_roles != ["agent"]:
             raise ValueError(
                 "finetune: full trains the agent only (trainable_roles: [agent]); co-training keeps both roles as LoRA adapters"

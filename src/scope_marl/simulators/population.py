@@ -59,7 +59,7 @@ class PopulationSimulator(Simulator[str]):
         """Load the drawn member's adapter; drop adapters of members the pool has evicted."""
         live = {f"pool-{m.member_id}" for m in self.pool.members}
         for name in [a for a in self.model.adapters if a.startswith("pool-") and a not in live]:
-            self.model.model.delete_adapter(name)
+            self.model.remove_adapter(name)
         if adapter not in self.model.adapters:
             self.model.add_adapter(adapter, path)
 

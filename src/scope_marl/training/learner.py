@@ -201,18 +201,24 @@ class Learner:
         stats_sum: dict[str, float] = {}
         # Before this batch's first update the learner scores the weights that sampled it: the largest
         # gap between its log-probs and the rollout's is float error when the streams are token-exact.
-        logprob_gap = 0.0
+        logprob_gap = gap_sum = 0.0
+        rescored: dict[int, torch.Tensor] = {}  # micro-batch -> the learner's log-probs before the first update
         for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for local in self._micro_batches([streams[i] for i in mine]):
+            for m, local in enumerate(self._micro_batches([streams[i] for i in mine])):
                 batch = [mine[i] for i in local]
                 chunk = [streams[i] for i in batch]
                 new_logp, entropy, mask = self.score(chunk)
-                old_logp = torch.zeros_like(new_logp)
+                sampler_logp = torch.zeros_like(new_logp)
                 for j, s in enumerate(chunk):
-                    old_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
+                    sampler_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
                 if epoch == 0:
-                    logprob_gap = max(logprob_gap, float(((new_logp.detach() - old_logp).abs() * mask).max()))
+                    # Every micro-batch of the first epoch is scored before the optimizer step: the weights that sampled.
+                    rescored[m] = new_logp.detach()
+                    difference = (new_logp.detach() - sampler_logp).abs() * mask
+                    logprob_gap = max(logprob_gap, float(difference.max()))
+                    gap_sum += float(difference.sum())
+                old_logp = rescored[m] if self.config.old_logprobs == "learner" else sampler_logp
                 ref_logp = None
                 if self.config.kl_coef > 0:
                     with torch.no_grad():
@@ -267,6 +273,7 @@ class Learner:
             "entropy": stats_sum["entropy"] / n,
             "ratio_mean": stats_sum["ratio_mean"] / n,
             "logprob_gap": logprob_gap,
+            "logprob_gap_mean": all_ranks(gap_sum) / max(sampled, 1),
             "grad_norm": float(grad_norm),
             "update_s": time.perf_counter() - started,
         }

@@ -41,6 +41,7 @@ from scope_marl.training.learner import Learner
 from scope_marl.training.tensorboard import TensorBoardWriter
 
 ADAPTERS = {AGENT: "agent", USER: "simulator"}
+SAMPLER_ADAPTERS = "sampler-adapters"  # in the run directory: the adapter versions a sampler server reads
 
 
 def add_run_adapters(chat: HFChatModel, cfg: TrainConfig) -> None:
@@ -65,7 +66,10 @@ def add_run_adapters(chat: HFChatModel, cfg: TrainConfig) -> None:
 
 def build_policies(cfg: TrainConfig, models: ModelCache) -> tuple[HFChatModel, HFChatModel, RolloutEngine]:
     """The base model with the run's adapters, the model the agent plays on (the base, or its own full
-    copy) and the rollout engine: what the trainer plays with, and what each Ray rollout worker builds."""
+    copy) and the rollout engine: what the trainer plays with, and what each Ray rollout worker builds.
+
+    With ``cfg.sampler`` every seat on ``cfg.model`` plays on that server instead (the same weights,
+    with the run's adapters pushed to it by the trainer), while the learners train the local copy."""
     chat = models.get(cfg.model)
     if not isinstance(chat, HFChatModel):
         raise ValueError(f"training needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
@@ -77,11 +81,27 @@ def build_policies(cfg: TrainConfig, models: ModelCache) -> tuple[HFChatModel, H
         chat.model.requires_grad_(False)
     add_run_adapters(chat, cfg)
     env = build_env(cfg.env, models)
-    simulator = build_simulator(cfg.simulator, models)
+    seats, agent_model = models, agent_chat
+    if cfg.sampler is not None:
+        seats = ModelCache()
+        seats.register(cfg.model, remote_sampler(cfg.sampler, chat))
+        agent_model = seats.get(cfg.model)
+    simulator = build_simulator(cfg.simulator, seats)
     agent = Seat(
-        model=agent_chat, sampling=cfg.agent_sampling, adapter=None if full else ADAPTERS[AGENT], trainable=AGENT in cfg.trainable_roles
+        model=agent_model, sampling=cfg.agent_sampling, adapter=None if full else ADAPTERS[AGENT], trainable=AGENT in cfg.trainable_roles
     )
     return chat, agent_chat, RolloutEngine(env, agent, simulator, cfg.rollout)
+
+
+def remote_sampler(spec: str, chat: HFChatModel):
+    """The sampler server as a backend, checked to tokenize exactly as the learner's local copy does."""
+    sampler = load_backend(spec)
+    if not hasattr(sampler, "load_adapter"):
+        raise ValueError(f"sampler {spec!r} cannot receive adapters; use a vllm:MODEL@URL server")
+    probe = "Hello <|im_end|> 1.50 dollars"
+    if sampler.encode_text(probe) != chat.encode_text(probe) or sampler.stop_ids != chat.stop_ids:
+        raise ValueError(f"sampler {spec!r} tokenizes differently from the model the learners train; serve the same model")
+    return sampler
 
 
 def worker_engine(cfg: TrainConfig) -> RolloutEngine:
@@ -248,9 +268,25 @@ class Trainer:
         """The run's adapters on the base (the ones the Ray workers' factory adds)."""
         return {name for name in ADAPTERS.values() if name in self.chat.adapters}
 
+    def _push_to_sampler(self) -> None:
+        """Adapters changed since the last rollout go to the sampler server: saved under the step they are
+        from (the server reads them from disk) and loaded as NAME-vSTEP; the server then drops the old version."""
+        sampler = self.engine.agent.model
+        for name in sorted(self._unsynced):
+            folder = self.run_dir / SAMPLER_ADAPTERS / f"{name}-v{self.step}"
+            with files.atomic_directory(folder) as tmp:
+                self.chat.model.save_pretrained(tmp, selected_adapters=[name])
+            sampler.load_adapter(name, run_layout.adapter_path(folder, name), self.step)
+            for old in (self.run_dir / SAMPLER_ADAPTERS).glob(f"{name}-v*"):
+                if old != folder:
+                    shutil.rmtree(old, ignore_errors=True)
+        self._unsynced.clear()
+
     def _play(self, tasks) -> list:
         """One step's groups: on the local engine; or on the Ray workers, or one block per data-parallel
         rank, under the numbers the local engine would give them (so every path samples the same episodes)."""
+        if self.cfg.sampler is not None and self._unsynced:
+            self._push_to_sampler()
         if self.world == 1 and self.executor is None:
             return self.engine.run(tasks)
         first = self.engine.state_dict()["groups"]

