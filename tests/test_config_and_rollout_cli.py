@@ -38,10 +38,14 @@ def test_shipped_configs_load():
     for path in rollout:
         assert isinstance(load_config(path), RolloutRunConfig)
     arms = {load_config(path, TrainConfig).simulator.mode for path in train}
-    twins = sorted((root / "gpu").glob("train_*.yaml"))
+    twins = sorted(p for p in (root / "gpu").glob("train_*.yaml") if not p.name.endswith("_vllm.yaml"))
     assert [p.name for p in twins] == [p.name for p in train if p.name.startswith("train_tau2_")]
     for path in twins:
         assert load_config(path, TrainConfig).executor == "ray"
+    on_vllm = load_config(root / "gpu" / "train_p4g_cotrain_vllm.yaml", TrainConfig)  # bench/gpu_run.sh's run
+    assert (
+        on_vllm.sampler.startswith("vllm:embedded@") and on_vllm.learner.old_logprobs == on_vllm.simulator_learner.old_logprobs == "learner"
+    )
     assert arms == {"frozen", "rotation", "persona_guided", "vs", "trainable"}
     sft = load_config(root / "sft_p4g_simulator.yaml", SFTConfig)
     assert (
