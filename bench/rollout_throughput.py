@@ -8,6 +8,15 @@ Both roles run on the same model, as in self-play / co-training.
   (b) engine: RolloutEngine with 8, 32 and 64 concurrent episodes (one wave each).
   (c) bound: measured fp32 GEMM rate (2048 x 2048 matmul, this run) / (2 x all parameters,
       tied embedding included) = generated tokens/s if every FLOP were a useful GEMM FLOP.
+  (d) roofline: also the memory read bandwidth (a sum over a buffer 4x the last-level cache, this
+      run). For the workload each engine run actually played, a perfect implementation needs: decode
+      steps batched at min(64, concurrent) rows, each taking the larger of its FLOP time (2 x params
+      + attention over the context, per row) and its bytes time (every fp32 weight, LM head included,
+      read once, plus each row's KV cache at the mean context of the generated tokens, 46,080 bytes a
+      token for SmolLM2-135M in fp32); plus the prefilled tokens at the GEMM rate.
+      roofline_fraction = that time / the engine's whole wall time (templating, sampling and
+      bookkeeping included). The mean context is read off the agent's streams (both roles play the
+      same model with turns of the same length here).
 
 Run: python bench/rollout_throughput.py [--quick]
 """
@@ -15,6 +24,7 @@ Run: python bench/rollout_throughput.py [--quick]
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import time
 
@@ -23,7 +33,7 @@ import torch
 from scope_marl.backends.embedded import load_embedded
 from scope_marl.backends.seat import Seat
 from scope_marl.config import RolloutConfig
-from scope_marl.core.machine import gemm_gflops
+from scope_marl.core.machine import gemm_gflops, last_level_cache_bytes, memory_read_gbps
 from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import AGENT, SayTheWord, role_view
 from scope_marl.rollout import RolloutEngine
@@ -82,8 +92,10 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
     assert turns == len(episodes) * 2 * EXCHANGES == concurrent * 2 * EXCHANGES, "every episode must play all its turns"
     prefilled = chat.prefix_cache.misses - misses
     phases = {k: chat.timings[k] - before[k] for k in before}
+    contexts = [len(s.prompt_ids) + j for e in episodes for s in [e.streams[AGENT]] for j, m in enumerate(s.loss_mask) if m]
     return {
         **phases,
+        "mean_context": sum(contexts) / len(contexts),
         "episodes": len(episodes),
         "tokens": engine.stats.generated_tokens,
         "seconds": engine.stats.seconds,
@@ -91,6 +103,21 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
         "reused": chat.prefix_cache.hits - hits,
         "calls": engine.stats.model_calls,
     }
+
+
+def perfect_seconds(r: dict, concurrent: int, params: int, cfg, gflops: float, gbps: float) -> float:
+    """What a perfect implementation needs for run ``r``'s workload (module docstring, (d))."""
+    rows = min(64, concurrent)
+    layers, width = cfg.num_hidden_layers, cfg.hidden_size
+    head_dim = getattr(cfg, "head_dim", None) or width // cfg.num_attention_heads
+    kv_bytes = 2 * layers * cfg.num_key_value_heads * head_dim * 4  # K and V, fp32
+    ctx = r["mean_context"]
+    step_flops = rows * (2 * params + 4 * layers * width * ctx)
+    step_bytes = 4 * params + rows * ctx * kv_bytes
+    steps = math.ceil(r["tokens"] / rows)
+    decode = steps * max(step_flops / (gflops * 1e9), step_bytes / (gbps * 1e9))
+    prefill = r["prefilled"] * 2 * params / (gflops * 1e9)
+    return decode + prefill
 
 
 def main() -> None:
@@ -105,9 +132,10 @@ def main() -> None:
     chat = load_embedded()
     params = sum(p.numel() for p in chat.model.parameters())  # tied embedding / LM head counted once
     gflops = gemm_gflops(repeats=20)
+    gbps = memory_read_gbps()
     bound = gflops * 1e9 / (2 * params)
     env = FixedLength(num_tasks=16, max_exchanges=EXCHANGES)
-    sizes = [4, 8] if args.quick else [8, 32, 64]
+    sizes = [4, 8] if args.quick else [8, 32, 64, 128]
 
     naive_tasks = env.tasks("train")[: 1 if args.quick else args.naive_episodes]
     naive_tokens, naive_s = naive(chat, env, naive_tasks)
@@ -115,6 +143,7 @@ def main() -> None:
 
     print(f"model: SmolLM2-135M-Instruct fp32, {params / 1e6:.1f}M parameters, {args.threads} threads")
     print(f"GEMM 2048x2048 fp32: {gflops:.1f} GFLOP/s -> FLOP bound {bound:.1f} generated tok/s")
+    print(f"memory read: {gbps:.1f} GB/s (buffer {4 * last_level_cache_bytes() / 2**20:.0f} MiB = 4x the last-level cache)")
     print(f"workload: {EXCHANGES} exchanges, <= {NEW_TOKENS} new tokens a turn, T={SAMPLING.temperature}, top_p={SAMPLING.top_p}")
     print()
     header = f"{'run':<12}{'episodes':>9}{'gen tokens':>11}{'seconds':>9}{'tok/s':>9}{'x naive':>9}{'of bound':>9}{'prefill tok':>12}{'reused tok':>11}"
@@ -123,10 +152,10 @@ def main() -> None:
     print(
         f"{'naive HF':<12}{len(naive_tasks):>9}{naive_tokens:>11}{naive_s:>9.1f}{naive_tok_s:>9.1f}{1.0:>9.2f}{naive_tok_s / bound:>9.3f}{'-':>12}{'-':>11}"
     )
-    engine_tok_s = 0.0
     runs = {}
     for i, size in enumerate(sizes):
         r = runs[size] = engine_run(chat, env, size, seed=i)
+        r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # so far: the runs up to this size
         engine_tok_s = r["tokens"] / r["seconds"]
         print(
             f"{'engine@' + str(size):<12}{r['episodes']:>9}{r['tokens']:>11}{r['seconds']:>9.1f}{engine_tok_s:>9.1f}"
@@ -142,11 +171,22 @@ def main() -> None:
             f"{'engine@' + str(size):<12}{r['seconds']:>8.1f}{r['prefill_s']:>9.1f}{r['decode_s']:>9.1f}{r['sample_s']:>9.1f}"
             f"{other:>8.1f}{r['decode_steps']:>7}{r['decode_rows'] / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
         )
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    print()
+    print("roofline: a perfect implementation's time for the same workload (decode at min(64, rows), prefill at the GEMM rate)")
+    print(f"{'run':<12}{'mean ctx':>9}{'prefilled':>10}{'perfect s':>10}{'engine s':>9}{'roofline':>9}{'FLOP-only':>10}")
+    for size, r in runs.items():
+        r["perfect_s"] = perfect_seconds(r, size, params, chat.model.config, gflops, gbps)
+        print(
+            f"{'engine@' + str(size):<12}{r['mean_context']:>9.0f}{r['prefilled']:>10}{r['perfect_s']:>10.1f}{r['seconds']:>9.1f}"
+            f"{r['perfect_s'] / r['seconds']:>9.3f}{r['tokens'] / r['seconds'] / bound:>10.3f}"
+        )
+    at = 64 if 64 in runs else max(runs)  # the RESULT line reports 64 concurrent episodes (--quick: its largest)
+    r = runs[at]
+    engine_tok_s = r["tokens"] / r["seconds"]
     print()
     print(
         f"RESULT naive_tok_s={naive_tok_s:.2f} engine_tok_s={engine_tok_s:.2f} ratio={engine_tok_s / naive_tok_s:.2f} "
-        f"bound_fraction={engine_tok_s / bound:.3f} peak_rss_mb={peak_rss_mb}"
+        f"bound_fraction={engine_tok_s / bound:.3f} roofline_fraction={r['perfect_s'] / r['seconds']:.3f} peak_rss_mb={r['peak_rss_mb']}"
     )
 
 

@@ -26,3 +26,34 @@ def gemm_gflops(size: int = 2048, repeats: int = 10, best_of: int = 1) -> float:
             a @ b
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 * repeats / best / 1e9
+
+
+def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
+    """The largest CPU cache's size (Linux sysfs), or ``default`` where it cannot be read."""
+    from pathlib import Path
+
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=default)
+
+
+def memory_read_gbps(buffer_bytes: int | None = None, repeats: int = 10, best_of: int = 3) -> float:
+    """Memory read bandwidth in GB/s: a sum over an fp32 buffer at least 4x the last-level cache (so it
+    streams from memory, not cache), on torch's current threads; the fastest of ``best_of`` rounds."""
+    import torch
+
+    size = buffer_bytes or 4 * last_level_cache_bytes()
+    x = torch.ones(size // 4)
+    x.sum()  # warm-up: pages touched, kernel picked
+    best = float("inf")
+    for _ in range(best_of):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            x.sum()
+        best = min(best, time.perf_counter() - started)
+    return x.numel() * 4 * repeats / best / 1e9
