@@ -148,6 +148,15 @@ def test_a_sampler_must_tokenize_like_the_learner(tiny_chat):
         remote_sampler("scripted:hi", tiny_chat)
 
 
+def test_a_sampler_config_refuses_what_it_cannot_do():
+    from scope_marl.config import ConfigError, TrainConfig, validate
+
+    base = {"model": "embedded", "sampler": "vllm:embedded@http://127.0.0.1:8001"}
+    for extra, why in (({"finetune": "full"}, "LoRA adapters"), ({"executor": "ray"}, "executor: local")):
+        with pytest.raises(ConfigError, match=why):
+            validate({**base, **extra}, TrainConfig, "train config")
+
+
 # ---- the real server (opt-in) ------------------------------------------------------------------
 
 

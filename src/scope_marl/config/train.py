@@ -114,6 +114,8 @@ class TrainConfig(Section):
             )
         if self.simulator.mode == "trainable" and "user" not in self.trainable_roles:
             raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
+        if self.sampler is not None and self.executor == "ray":
+            raise ValueError("sampler: Ray rollout workers do not receive the sampler's adapters yet; use executor: local with a sampler")
         if self.sampler is not None and self.finetune == "full":
             raise ValueError("sampler: a server receives LoRA adapters, not whole weights; use finetune: lora with a sampler")
         if self.finetune == "full" and self.trainable_roles != ["agent"]:
