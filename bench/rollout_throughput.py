@@ -134,7 +134,7 @@ def main() -> None:
     gflops = gemm_gflops(repeats=20)
     gbps = memory_read_gbps()
     bound = gflops * 1e9 / (2 * params)
-    env = FixedLength(num_tasks=16, max_exchanges=EXCHANGES)
+    env = FixedLength(num_tasks=32, max_exchanges=EXCHANGES)  # 128 concurrent = 32 tasks x groups of 4
     sizes = [4, 8] if args.quick else [8, 32, 64, 128]
 
     naive_tasks = env.tasks("train")[: 1 if args.quick else args.naive_episodes]
