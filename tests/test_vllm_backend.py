@@ -141,11 +141,24 @@ def test_the_spec_string_builds_a_vllm_client_and_explains_a_missing_url():
     assert isinstance(model, VLLMChatModel) and model.default_system_prompt == DEFAULT_SYSTEM_PROMPT
 
 
-def test_a_sampler_must_tokenize_like_the_learner(tiny_chat):
+def test_a_sampler_must_be_a_server_that_takes_adapters(tiny_chat):
     from scope_marl.training.trainer import remote_sampler
 
     with pytest.raises(ValueError, match="cannot receive adapters"):
         remote_sampler("scripted:hi", tiny_chat)
+
+
+def test_a_sampler_must_tokenize_like_the_learner(tiny_chat, tokenizer, monkeypatch):
+    from scope_marl.training import trainer
+
+    same = VLLMChatModel("embedded", URL, tokenizer)
+    monkeypatch.setattr(trainer, "load_backend", lambda spec: same)
+    assert trainer.remote_sampler("vllm:embedded@" + URL, tiny_chat) is same
+    other = VLLMChatModel("embedded", URL, tokenizer)
+    other.stop_ids = other.stop_ids | {7}  # as a server serving another model family would end turns
+    monkeypatch.setattr(trainer, "load_backend", lambda spec: other)
+    with pytest.raises(ValueError, match="tokenizes differently"):
+        trainer.remote_sampler("vllm:other@" + URL, tiny_chat)
 
 
 def test_a_sampler_config_refuses_what_it_cannot_do():
