@@ -215,7 +215,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     @app.post("/api/{token}/messages")
     async def send_message(request: Request, token: str):
-        p = await asyncio.to_thread(participant, request, token)  # the database never blocks the event loop
+        p = participant(request, token)
         text = str((await body(request)).get("text", "")).strip()
         if not text:
             raise Refused("your message is empty; write something before sending", status=400)
@@ -239,7 +239,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     @app.get("/api/{token}/events")
     async def events(request: Request, token: str):
-        p = await asyncio.to_thread(participant, request, token)  # the database never blocks the event loop
+        p = participant(request, token)
 
         async def stream():
             seen = -1
@@ -271,7 +271,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     @app.post("/api/{token}/donation")
     async def donation(request: Request, token: str):
-        p = await asyncio.to_thread(participant, request, token)  # the database never blocks the event loop
+        p = participant(request, token)
         text = str((await body(request)).get("text", "")).strip()
         if not text or len(text) > limits.max_message_chars:
             raise Refused(
@@ -280,12 +280,12 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         amount = parse_donation(text)
         if amount is not None:
             amount = min(max(amount, 0.0), PAYMENT)
-        await asyncio.to_thread(store.state_donation, p.id, text, amount)
-        return await asyncio.to_thread(lambda: state(store.get(p.id)))
+        store.state_donation(p.id, text, amount)
+        return state(store.get(p.id))
 
     @app.post("/api/{token}/donation/confirm")
     async def confirm(request: Request, token: str):
-        p = await asyncio.to_thread(participant, request, token)  # the database never blocks the event loop
+        p = participant(request, token)
         raw = (await body(request)).get("amount")
         try:
             amount = float(raw)
@@ -293,12 +293,12 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
             raise Refused(f"the amount must be a number of dollars between 0 and {PAYMENT:.2f}", status=400) from None
         if not 0.0 <= amount <= PAYMENT:
             raise Refused(f"the amount must be between $0 and ${PAYMENT:.2f} (your payment)", status=400)
-        await asyncio.to_thread(store.confirm_donation, p.id, round(amount, 2))
-        return await asyncio.to_thread(lambda: state(store.get(p.id)))
+        store.confirm_donation(p.id, round(amount, 2))
+        return state(store.get(p.id))
 
     @app.post("/api/{token}/survey")
     async def survey(request: Request, token: str):
-        p = await asyncio.to_thread(participant, request, token)  # the database never blocks the event loop
+        p = participant(request, token)
         given = (await body(request)).get("answers", {})
         if not isinstance(given, dict):
             raise Refused("answers must be an object of question id to answer", status=400)
@@ -321,8 +321,8 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
                 if len(value) > limits.max_message_chars:
                     raise Refused(f"the answer to '{q.text}' is too long (at most {limits.max_message_chars:,} characters)", status=400)
             answers[q.id] = value
-        await asyncio.to_thread(store.complete, p.id, answers)
-        return await asyncio.to_thread(lambda: state(store.get(p.id)))
+        store.complete(p.id, answers)
+        return state(store.get(p.id))
 
     @app.post("/api/{token}/withdraw")
     def withdraw(request: Request, token: str):
