@@ -102,6 +102,21 @@ def test_requests_are_what_the_real_server_took_and_replies_are_read_token_exact
     assert again.token_ids == outs[0].token_ids
 
 
+def test_one_sampling_seed_gives_each_prompt_its_own_stream(tokenizer):
+    answer = recorded_completions()[0]["response"]
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=RECORD["exchanges"][0]["response"])
+        seen.append(json.loads(request.content)["seed"])
+        return httpx.Response(200, json=answer)
+
+    model = VLLMChatModel("embedded", URL, tokenizer, transport=httpx.MockTransport(handler))
+    model.generate_ids([[1, 2, 3]] * 3, SAMPLING.model_copy(update={"seed": 5}))
+    assert len(set(seen)) == 3  # equal prompts, one seed in the sampling settings: three streams
+
+
 def test_adapters_are_loaded_by_version_and_the_stale_one_unloaded(client, tmp_path):
     folder = tmp_path / "agent"
     folder.mkdir()

@@ -34,6 +34,7 @@ import httpx
 
 from scope_marl.backends.base import BackendError, ContextLengthError, Generation, check_adapters, cut_at_stop
 from scope_marl.backends.chat_tokens import ChatTokens
+from scope_marl.core.seeds import derive_seed
 from scope_marl.core.types import SamplingParams
 
 
@@ -152,7 +153,11 @@ class VLLMChatModel(ChatTokens):
         too_long = [i for i, p in enumerate(prompt_ids) if len(p) >= limit]
         if too_long:
             raise ContextLengthError(f"prompt(s) {too_long} fill the server's {limit}-token context; shorten the conversation")
-        rows = [(list(p), a, seeds[i] if seeds is not None else sampling.seed) for i, (p, a) in enumerate(zip(prompt_ids, adapters))]
+        # Without per-prompt seeds, sampling.seed still gives each prompt its own stream (one shared seed would
+        # make equal prompts sample equal replies).
+        if seeds is None and sampling.seed is not None:
+            seeds = [derive_seed(sampling.seed, i) for i in range(n)]
+        rows = [(list(p), a, seeds[i] if seeds is not None else None) for i, (p, a) in enumerate(zip(prompt_ids, adapters))]
         return list(self._pool.map(lambda row: self._one(*row, sampling, limit), rows))
 
     def request(self, prompt: list[int], adapter: str | None, seed: int | None, sampling: SamplingParams, limit: int) -> dict:

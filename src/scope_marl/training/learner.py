@@ -214,7 +214,8 @@ class Learner:
                     sampler_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
                 if epoch == 0:
                     # Every micro-batch of the first epoch is scored before the optimizer step: the weights that sampled.
-                    rescored[m] = new_logp.detach()
+                    if self.config.old_logprobs == "learner":
+                        rescored[m] = new_logp.detach()
                     difference = (new_logp.detach() - sampler_logp).abs() * mask
                     logprob_gap = max(logprob_gap, float(difference.max()))
                     gap_sum += float(difference.sum())

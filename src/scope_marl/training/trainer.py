@@ -139,6 +139,9 @@ class Trainer:
             raise ValueError(
                 "data-parallel ranks (torchrun) each play their own groups: use executor: local with torchrun, or Ray without it"
             )
+        if self.world > 1 and cfg.sampler is not None:
+            # Every rank would save its adapters into the same run directory for the server to read.
+            raise ValueError("a sampler server takes adapters from one process: train with a sampler without torchrun")
         self.lock = None if not self.lead else lock if lock is not None and lock.held else RunLock(self.run_dir).acquire()
         self.evaluator = evaluator
         self.cfg = cfg
