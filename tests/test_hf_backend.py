@@ -236,7 +236,7 @@ def test_prefix_cache_ignores_entries_of_another_adapter(lora_chat):
 
 
 def test_top_p_samples_only_the_nucleus_in_proportion():
-    from scope_marl.backends.hf import sample_next
+    from scope_marl.backends.sampling import sample_next
 
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().expand(20000, 4).contiguous()
@@ -253,7 +253,7 @@ def test_top_p_samples_only_the_nucleus_in_proportion():
 
 
 def test_nucleus_falls_back_to_a_full_sort_when_candidates_are_short(monkeypatch):
-    from scope_marl.backends import hf
+    from scope_marl.backends import sampling as hf
 
     monkeypatch.setattr(hf, "NUCLEUS_CANDIDATES", 2)
     probs = torch.tensor([0.3, 0.3, 0.2, 0.2])
@@ -261,3 +261,76 @@ def test_nucleus_falls_back_to_a_full_sort_when_candidates_are_short(monkeypatch
     counts = torch.bincount(ids, minlength=4).float() / len(ids)
     assert counts[2] > 0.2 or counts[3] > 0.2, "the third token is inside the 0.75 nucleus"
     assert (counts > 0).sum() == 3
+
+
+def solo(chat, prompt, sampling, seed, adapter=None):
+    return chat.generate_ids([prompt], sampling, [adapter] if adapter else None, seeds=[seed])[0]
+
+
+def test_continuous_batching_refills_a_finished_rows_slot_and_every_row_matches_its_solo_run(talky_chat):
+    """Two slots, six prompts of growing length: a waiting prompt joins as soon as a row finishes
+    (while the other row is mid-reply), the slot cache grows for the longer prompts and compacts
+    as rows drain, and every generation equals that prompt generated alone (same seed)."""
+    import random
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(200, 20000) for _ in range(n)] for n in (5, 9, 40, 120, 300, 700)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=40)
+    session = talky_chat.open_session(sampling)
+    session.max_rows = 2
+    for i, prompt in enumerate(prompts):
+        session.add(prompt, seed=100 + i, tag=i)
+    joined, left, out, step = {}, {}, {}, 0
+    while session.busy:
+        for i, gen in session.step():
+            out[i], left[i] = gen, step
+            joined.setdefault(i, step)
+        for row in session.slots:
+            if row is not None:
+                joined.setdefault(row.tag, step)
+        assert sum(r is not None for r in session.slots) <= 2
+        step += 1
+    assert sorted(out) == list(range(6))
+    assert any(joined[a] < joined[b] < left[a] for a in out for b in out), "a prompt joined while another row was decoding"
+    assert session.cache.columns >= 700 + 40
+    for i, prompt in enumerate(prompts):
+        alone = solo(talky_chat, prompt, sampling, 100 + i)
+        assert out[i].token_ids == alone.token_ids
+        assert out[i].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+        ref_lp, _ = reference_scores(talky_chat.model, prompt, out[i].token_ids, 1.0)
+        assert torch.allclose(torch.tensor(out[i].logprobs), ref_lp, atol=1e-4, rtol=0)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_the_same_samples(tiny_chat, monkeypatch):
+    from scope_marl.backends import decode_session
+
+    prompt = list(range(300, 350))
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=10)
+    whole = solo(tiny_chat, prompt, sampling, 7)
+    chunks = []
+    prefill = decode_session.DecodeSession._prefill
+    monkeypatch.setattr(decode_session, "PREFILL_BUDGET", 16)
+    monkeypatch.setattr(decode_session.DecodeSession, "_prefill", lambda self, items: chunks.append(items[0][3]) or prefill(self, items))
+    chunked = solo(tiny_chat, prompt, sampling, 7)
+    assert chunks == [0, 16, 32, 48], "chunks of 16 tokens, each starting from the states kept so far"
+    assert chunked.token_ids == whole.token_ids
+    assert chunked.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+    assert len(tiny_chat.prefix_cache) == 0, "the chunks' private states are released"
+
+
+def test_a_session_refuses_bad_prompts_one_by_one(tiny_chat):
+    session = tiny_chat.open_session(SamplingParams(max_new_tokens=4))
+    with pytest.raises(BackendError, match="empty prompt"):
+        session.add([])
+    with pytest.raises(BackendError, match="fills the model's"):
+        session.add([5] * tiny_chat.context_length)
+    with pytest.raises(BackendError, match="unknown LoRA adapter 'nope'"):
+        session.add([5, 6], adapter="nope")
+    session.add([5, 6], tag="ok")
+    assert session.tags == ["ok"]
+    assert [tag for tag, _ in iter_until_done(session)] == ["ok"]
+
+
+def iter_until_done(session):
+    while session.busy:
+        yield from session.step()

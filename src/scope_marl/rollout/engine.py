@@ -1,11 +1,14 @@
-"""The rollout engine: many episodes at once, one batched generate call per model per tick.
+"""The rollout engine: many episodes at once, each turn batched with every other turn in flight.
 
-On every tick each live episode has one next speaker. Turns whose seats share a model and
-sampling settings go to that model in ONE call (adapters mixed per row), so a 64-episode rollout
-costs about one batched decode per turn instead of 64. Token-level models get their prompts from
-each role's :class:`StreamBuilder` (token-in-token-out) with the conversation as the prefix-cache
-key, so a turn only prefills what the other role said since. Other simulators (scripted, discrete)
-answer through :meth:`Simulator.respond`.
+Each live episode has one next speaker. A turn whose seat's model supports continuous batching
+(``open_session``: the transformers backend) joins that model's decoding session for its
+sampling settings the moment the turn is ready, and comes back the moment it finishes; the
+episode's next turn then joins at once, so episodes and groups advance independently, with no
+tick waiting for the slowest reply. Turns of both roles on one model share the session (adapters
+mixed per row). Token-level models get their prompts from each role's :class:`StreamBuilder`
+(token-in-token-out) with the conversation as the prefix-cache key, so a turn only prefills what
+the other role said since. Other turns (API models, simulators that answer through
+:meth:`Simulator.respond`) go as one blocking batched call per group once no session is decoding.
 
 Environments with tools: a role's turn may call tools (``backends.tool_format`` renders the schemas
 into its prompt and parses the calls back). The environment executes each call on the episode's own
@@ -21,9 +24,10 @@ Rewards that depend on a whole group (tau2's variance curriculum) are set by the
 ``group_rewards`` once every episode of the group has ended; the streams carry the final values.
 
 Episodes end COMPLETED when the environment says so, TRUNCATED when a turn hits its token limit,
-the context is full or a per-episode cap (tool calls, steps) is reached, FAILED when a backend raises for that episode (a failing batch is retried
-row by row, so one bad request does not take its neighbours down) or the simulator's reply is
-empty. All are recorded. Every text is cleaned where it enters an episode (``core.text``), so an
+the context is full or a per-episode cap (tool calls, steps) is reached, FAILED when a backend
+raises for that episode (a bad prompt is refused alone when it joins a session; a blocking batch
+that raises is retried row by row, so one bad request does not take its neighbours down; a
+session step that raises fails the turns in it) or the simulator's reply is empty. All are recorded. Every text is cleaned where it enters an episode (``core.text``), so an
 episode can always be written.
 """
 
@@ -65,6 +69,7 @@ class _Live:
     builders: dict[str, StreamBuilder] = field(default_factory=dict)
     state: Any = None  # the environment's per-episode state that tools act on
     tool_calls: int = 0
+    waiting: bool = False  # its turn is in a decoding session
     group_index: int = 0  # the group's number in the run (unique across steps): part of every seed
     rollout: int = 0  # the episode's place in its group
 
@@ -111,6 +116,7 @@ class RolloutEngine:
         for entry in queue:
             groups.setdefault(entry.episode.group_id, (entry.task, []))[1].append(entry.episode)
         live: list[_Live] = []
+        sessions: dict[tuple, Any] = {}  # continuous-batching sessions, one per (model, sampling)
         started = time.perf_counter()
         generated_before = self.stats.generated_tokens
         bar = tqdm(total=len(episodes), unit="ep", desc="rollout", disable=not self.config.progress, leave=False)
@@ -120,7 +126,8 @@ class RolloutEngine:
                 entry.started = time.perf_counter()
                 if self._open(entry):
                     live.append(entry)
-            self._tick(live)
+            self._dispatch(live, sessions)
+            self._step_sessions(sessions)
             finished = [e for e in live if e.next_role == ""]
             live = [e for e in live if e.next_role != ""]
             if finished:
@@ -280,7 +287,7 @@ class RolloutEngine:
             return True
         return False
 
-    # ---- one tick ----------------------------------------------------------------------------
+    # ---- turns -------------------------------------------------------------------------------
     def turn_seed(self, entry: _Live) -> int:
         """The random stream of one turn: (run seed, group, rollout, turn), whatever else shares the batch."""
         return derive_seed(self.config.seed, entry.group_index, entry.rollout, len(entry.episode.messages), bits=31)
@@ -291,28 +298,47 @@ class RolloutEngine:
         tools = self.env.tools(entry.task, role)
         return tool_chat(view, tools) if tools else view
 
-    def _tick(self, live: list[_Live]) -> None:
+    def _dispatch(self, live: list[_Live], sessions: dict) -> None:
+        """Start the turns of every episode whose next speaker is not already generating.
+
+        Seats on a model with continuous batching (``open_session``) queue their turn in that
+        model's session and go on as soon as it finishes. Other turns (API models, simulators that
+        answer themselves, such as verbalized sampling) are one blocking batched call per group, made
+        once no session is decoding: the group then holds every episode that will be ready for it,
+        so it batches as a tick would, and its seeded draws do not depend on decoding order.
+        """
         batches: dict[tuple, list[_Live]] = defaultdict(list)
         for entry in live:
+            if entry.next_role == "" or entry.waiting:
+                continue
             seat = self.seat_of(entry, entry.next_role)
             key = ("seat", *seat.batch_key) if seat is not None else ("simulator", id(entry.simulator))
             batches[key].append(entry)
         for key, entries in batches.items():
-            if key[0] == "seat":
+            seat = self.seat_of(entries[0], entries[0].next_role) if key[0] == "seat" else None
+            if seat is not None and callable(getattr(seat.model, "open_session", None)):
+                if key not in sessions:
+                    sessions[key] = seat.model.open_session(seat.sampling)
+                self._queue_turns(entries, sessions[key])
+                continue
+            if any(session.busy for session in sessions.values()):
+                continue
+            if seat is not None:
                 self._seat_turns(entries)
             else:
                 self._simulator_turns(entries)
 
-    def _seat_turns(self, entries: list[_Live]) -> None:
-        seats = [self.seat_of(e, e.next_role) for e in entries]
-        model, sampling = seats[0].model, seats[0].sampling
-        token_level = isinstance(model, TokenChatModel)
-        rows = []  # (entry, role, seat, view, prompt ids or None)
-        for entry, seat in zip(entries, seats):
+    def _prepare_turns(self, entries: list[_Live]) -> list[tuple]:
+        """Each entry's turn as ``(entry, role, seat, view, prompt ids or None)``; an episode whose
+        prompt cannot be built or fills the context ends here."""
+        rows = []
+        for entry in entries:
             role = entry.next_role
+            seat = self.seat_of(entry, role)
+            model = seat.model
             view = self._view(entry, role, seat.system_prompt(self.env.system_prompt(entry.task, role)))
             ids = None
-            if token_level:
+            if isinstance(model, TokenChatModel):
                 builder = entry.builders.setdefault(role, StreamBuilder(role, model, seat.adapter))
                 try:
                     ids = builder.prompt(view)
@@ -323,8 +349,47 @@ class RolloutEngine:
                     self._end(entry, EpisodeStatus.TRUNCATED, f"{role} context is full ({len(ids)} tokens)")
                     continue
             rows.append((entry, role, seat, view, ids))
+        return rows
+
+    def _queue_turns(self, entries: list[_Live], session) -> None:
+        for row in self._prepare_turns(entries):
+            entry, role, seat = row[0], row[1], row[2]
+            try:
+                session.add(row[4], seat.adapter, (entry.episode.episode_id, role), self.turn_seed(entry), tag=row)
+            except Exception as err:  # this prompt only (an unknown adapter, a full context)
+                self._take(row, err, 0.0)
+                continue
+            entry.waiting = True
+
+    def _step_sessions(self, sessions: dict) -> None:
+        """One decoding step of every busy session; record the turns that finished."""
+        for key, session in list(sessions.items()):
+            if not session.busy:
+                continue
+            rows = session.tags
+            clock = time.perf_counter()
+            self.stats.model_calls += 1  # a step is one batched forward
+            try:
+                done = session.step()
+            except Exception as err:  # the model failed for the whole batch: its turns fail, a new session starts
+                del sessions[key]
+                for row in rows:
+                    row[0].waiting = False
+                    self._take(row, err, 0.0)
+                continue
+            share = (time.perf_counter() - clock) / len(rows)
+            for row in rows:
+                row[0].episode.timings["generate_s"] += share
+            for row, gen in done:
+                row[0].waiting = False
+                self._take(row, gen, 0.0)
+
+    def _seat_turns(self, entries: list[_Live]) -> None:
+        rows = self._prepare_turns(entries)
         if not rows:
             return
+        model, sampling = rows[0][2].model, rows[0][2].sampling
+        token_level = isinstance(model, TokenChatModel)
 
         def call(batch):
             seeds = [self.turn_seed(r[0]) for r in batch]
@@ -336,17 +401,23 @@ class RolloutEngine:
             return model.generate([r[3] for r in batch], sampling, adapters, seeds=seeds)
 
         started = time.perf_counter()
-        for row, gen in self._call_isolating_failures(rows, call):
-            entry, role, _, view, ids = row
-            entry.episode.timings["generate_s"] += (time.perf_counter() - started) / len(rows)
-            if isinstance(gen, ContextLengthError):  # a prompt past the model's context is never cut silently
-                self._end(entry, EpisodeStatus.TRUNCATED, f"{role} context is full ({gen})")
-                continue
-            if isinstance(gen, Exception):
-                self._end(entry, EpisodeStatus.FAILED, f"{type(gen).__name__}: {gen}")
-                continue
-            self.stats.generated_tokens += len(gen.token_ids)
-            self._record(entry, role, gen.text, view, gen)
+        results = self._call_isolating_failures(rows, call)
+        share = (time.perf_counter() - started) / len(rows)
+        for row, gen in results:
+            self._take(row, gen, share)
+
+    def _take(self, row: tuple, gen: Generation | Exception, seconds: float) -> None:
+        """Record one generated turn (or the error that replaced it)."""
+        entry, role, _, view, _ = row
+        entry.episode.timings["generate_s"] += seconds
+        if isinstance(gen, ContextLengthError):  # a prompt past the model's context is never cut silently
+            self._end(entry, EpisodeStatus.TRUNCATED, f"{role} context is full ({gen})")
+            return
+        if isinstance(gen, Exception):
+            self._end(entry, EpisodeStatus.FAILED, f"{type(gen).__name__}: {gen}")
+            return
+        self.stats.generated_tokens += len(gen.token_ids)
+        self._record(entry, role, gen.text, view, gen)
 
     def _simulator_turns(self, entries: list[_Live]) -> None:
         simulator = entries[0].simulator

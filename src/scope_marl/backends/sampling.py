@@ -1,0 +1,71 @@
+"""Sampling one token per row from next-token logits, with the log-prob and entropy the learner needs.
+
+Per docs/interfaces.md, a token's log-prob is taken from the temperature-scaled full distribution
+(before top-p), so the learner can recompute it exactly from a forward pass. Each row uses exactly
+one uniform number per token, drawn from the row's own generator when it has one (per-episode
+seeds), so a row samples the same tokens whichever rows share its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from scope_marl.backends.base import SamplingParams
+
+NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full sort only if they fall short
+
+
+def sample_next(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | Sequence[torch.Generator] | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one token per row. Returns (ids, log-probs, entropies) per the log-prob definition in docs/interfaces.md.
+
+    ``generator`` is one stream for the whole batch, or one per row (per-episode seeds: a row's draws
+    then do not depend on its neighbours). Each row uses exactly one uniform number per token.
+    """
+    greedy = sampling.temperature == 0.0
+    logp = torch.log_softmax(logits.float() / (1.0 if greedy else sampling.temperature), dim=-1)
+    probs = logp.exp()
+    entropy = -(probs * logp).sum(-1)
+    if greedy:
+        ids = logp.argmax(-1)
+    else:
+        if isinstance(generator, Sequence):
+            u = torch.cat([torch.rand(1, generator=g) for g in generator])
+        else:
+            u = torch.rand(probs.shape[0], generator=generator)
+        if sampling.top_p < 1.0:
+            ids = _sample_nucleus(probs, sampling.top_p, u)
+        else:
+            ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1]).expand_as(probs), u)
+    return ids, logp.gather(-1, ids[:, None]).squeeze(-1), entropy
+
+
+def _sample_inverse_cdf(weights: torch.Tensor, token_ids: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one column per row in proportion to ``weights`` (unnormalized), row i at uniform ``u[i]``.
+
+    One uniform number per row and a binary search over the running sum: ``torch.multinomial``
+    draws an exponential variate per vocabulary entry, which costs more than the LM head here.
+    """
+    cdf = weights.cumsum(-1)
+    col = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=weights.shape[-1] - 1)
+    return token_ids.gather(-1, col).squeeze(-1)
+
+
+def _sample_nucleus(probs: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """Top-p: keep the smallest set of most likely tokens whose mass reaches ``top_p`` (the top token always).
+
+    The nucleus is almost always inside the few hundred best tokens, so ``topk`` replaces a full
+    vocabulary sort; rows whose candidates do not reach ``top_p`` get the exact full sort (with the
+    same uniform number).
+    """
+    k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    best, order = probs.topk(k, dim=-1)
+    ids = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, u)
+    short = (best.sum(-1) < top_p).nonzero().squeeze(-1)
+    if len(short) and k < probs.shape[-1]:
+        best, order = probs[short].sort(-1, descending=True)
+        ids[short] = _sample_inverse_cdf(best * ((best.cumsum(-1) - best) < top_p), order, u[short])
+    return ids
