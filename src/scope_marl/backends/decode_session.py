@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 # chunks of this size, its states kept between chunks). Large enough that prefill GEMMs run at full
 # speed, small enough that rows already decoding wait at most a few hundred milliseconds.
 PREFILL_BUDGET = 4096
-# Free slots among the rows a decode step covers are still computed (masked); once more than this
-# fraction of them are free and nothing is waiting to fill them, live rows move to the front.
-COMPACT_BELOW = 0.75
 
 
 @dataclass
@@ -276,19 +273,30 @@ class DecodeSession:
         return row.tag, self.chat.finish(row, self.sampling)
 
     def _compact(self) -> None:
-        """Drop trailing free slots; move live rows to the front once too many free ones sit between them."""
+        """Keep the live rows in the front slots while nothing waits to fill a free one (a free slot
+        inside the batch still costs its share of every decode step). Rows with their own seeds move
+        the last live row into each hole (one row's states copied per hole); rows drawing from one
+        shared stream keep their order (the stream's numbers go to rows in slot order), so the rows
+        after a hole shift down."""
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
-        live = [s for s, r in enumerate(self.slots) if r is not None]
-        if self.pending or len(live) > COMPACT_BELOW * len(self.slots):
+        if self.pending or all(r is not None for r in self.slots):
             return
-        for target, source in enumerate(live):
-            if source != target:
-                self.cache.move(source, target)
-                self.slots[target], self.slots[source] = self.slots[source], None
-                self.logits[target] = self.logits[source]
-                self._next_tokens[target] = self._next_tokens[source]
-        del self.slots[len(live) :]
+        live = [s for s, r in enumerate(self.slots) if r is not None]
+        if self.slots[live[0]].generator is not None:
+            moves = []
+            holes = [s for s, r in enumerate(self.slots) if r is None]
+            for hole, source in zip(holes, reversed(live)):
+                if source > hole:
+                    moves.append((source, hole))
+        else:
+            moves = [(source, target) for target, source in enumerate(live) if source != target]
+        for source, target in moves:
+            self.cache.move(source, target)
+            self.slots[target], self.slots[source] = self.slots[source], None
+            self._next_tokens[target] = self._next_tokens[source]
+        while self.slots and self.slots[-1] is None:
+            self.slots.pop()
 
     def _decode(self) -> None:
         chat = self.chat
