@@ -18,7 +18,7 @@ Both roles run on the same model, as in self-play / co-training.
       bookkeeping included). The mean context is read off the agent's streams (both roles play the
       same model with turns of the same length here).
 
-Run: python bench/rollout_throughput.py [--quick]
+Run: python bench/rollout_throughput.py [--quick] [--sizes 64]
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer episodes (a smoke run, not a measurement)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--naive-episodes", type=int, default=2)
+    parser.add_argument("--sizes", type=int, nargs="+", help="concurrency levels to run (default 8 32 64 128; the RESULT line reports 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -135,7 +136,7 @@ def main() -> None:
     gbps = memory_read_gbps()
     bound = gflops * 1e9 / (2 * params)
     env = FixedLength(num_tasks=32, max_exchanges=EXCHANGES)  # 128 concurrent = 32 tasks x groups of 4
-    sizes = [4, 8] if args.quick else [8, 32, 64, 128]
+    sizes = args.sizes or ([4, 8] if args.quick else [8, 32, 64, 128])
 
     naive_tasks = env.tasks("train")[: 1 if args.quick else args.naive_episodes]
     naive_tokens, naive_s = naive(chat, env, naive_tasks)
