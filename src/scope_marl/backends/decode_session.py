@@ -26,11 +26,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from scope_marl.backends.base import BackendError, ContextLengthError, FinishReason, Generation, SamplingParams
+from scope_marl.backends.base import BackendError, ContextLengthError, FinishReason, Generation, SamplingParams, check_adapters
 from scope_marl.backends.kv_cache import PrefillCache, RowCache
-from scope_marl.backends.prefix_cache import CachedPrefix
+from scope_marl.backends.prefix_cache import CachedPrefix, common_prefix
 from scope_marl.backends.sampling import sample_next
 from scope_marl.core.seeds import scrambled
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 # chunks of this size, its states kept between chunks). Large enough that prefill GEMMs run at full
 # speed, small enough that rows already decoding wait at most a few hundred milliseconds.
 PREFILL_BUDGET = 4096
+# New conversations whose prompts share at least this many leading tokens get that opening
+# prefilled once and kept as a shared prefix (tau2's 5,100-token agent prompt, a long system prompt).
+MIN_SHARED_PREFIX = 256
 
 
 @dataclass
@@ -110,8 +114,7 @@ class DecodeSession:
                 f"the prompt ({len(prompt_ids)} tokens) fills the model's {chat.context_length}-token context; "
                 "shorten the conversation (fewer turns, shorter system prompts)"
             )
-        if adapter is not None and adapter not in chat.adapters:
-            raise BackendError(f"unknown LoRA adapter {adapter!r}; this backend holds {sorted(chat.adapters) or 'none'}")
+        check_adapters([adapter], 1, chat.adapters)
         row = Row([int(t) for t in prompt_ids], adapter, key, tag, on_token=on_token)
         row.limit = min(self.sampling.max_new_tokens, chat.context_length - len(row.prompt))
         if seed is not None:
@@ -148,7 +151,7 @@ class DecodeSession:
         if not self.pending or not free:
             return
         chat = self.chat
-        chat.share_openings(list(self.pending))
+        self._share_openings()
         taken: list[tuple[Row, CachedPrefix | None, int]] = []
         budget = PREFILL_BUDGET
         while self.pending and len(taken) < len(free):
@@ -171,15 +174,34 @@ class DecodeSession:
         self.cache.reserve(max(max(slots) + 1, wanted), max(len(r.prompt) + r.limit for r, _, _ in taken))
         while len(self.slots) <= max(slots):
             self.slots.append(None)
-        if self.logits is None or self.logits.shape[0] < len(self.slots):
-            grown = torch.zeros(self.max_rows, pre.logits.shape[-1], device=self.device)
-            if self.logits is not None:
-                grown[: self.logits.shape[0]] = self.logits
-            self.logits = grown
+        if self.logits is None:  # one row per possible slot, allocated once
+            self.logits = torch.zeros(self.max_rows, pre.logits.shape[-1], device=self.device)
         for j, ((row, _, _), slot) in enumerate(zip(taken, slots)):
             self.cache.put(slot, pre.keys[j], pre.values[j])
             self.slots[slot] = row
             self.logits[slot] = pre.logits[j]
+
+    def _share_openings(self) -> None:
+        """Prefill once the opening that several waiting new conversations share (same adapter, at
+        least MIN_SHARED_PREFIX common leading tokens no stored state covers yet), and keep it shared:
+        each row then prefills only the rest of its prompt."""
+        cache = self.chat.prefix_cache
+        fresh: dict[tuple, list[Row]] = {}
+        for row in self.pending:
+            if len(row.prompt) <= MIN_SHARED_PREFIX:
+                continue
+            _, covered = cache.reusable(row.key, row.prompt, row.adapter)
+            if covered < MIN_SHARED_PREFIX:
+                fresh.setdefault((row.adapter, tuple(row.prompt[:MIN_SHARED_PREFIX])), []).append(row)
+        for (adapter, _), members in fresh.items():
+            if len(members) < 2:
+                continue
+            head = members[0].prompt
+            length = min(common_prefix(np.asarray(head), r.prompt, len(r.prompt) - 1) for r in members)
+            key = ("shared-opening", adapter, length)
+            pre = self._prefill([(head[:length], adapter, None, 0)])
+            cache.store(key, CachedPrefix(head[:length], adapter, *pre.copies(0)))
+            cache.share(key)
 
     def _prefill_chunk(self, row: Row, past: CachedPrefix | None, reused: int) -> None:
         if row.key is None:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from scope_marl.backends.base import (
@@ -33,12 +32,9 @@ from scope_marl.backends.base import (
 )
 from scope_marl.backends.chat_tokens import ChatTokens
 from scope_marl.backends.decode_session import DecodeSession, Row
-from scope_marl.backends.prefix_cache import CachedPrefix, PrefixCache, common_prefix
+from scope_marl.backends.prefix_cache import PrefixCache
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
-# New conversations whose prompts share at least this many leading tokens get that opening
-# prefilled once and kept as a shared prefix (tau2's 5,100-token agent prompt, a long system prompt).
-MIN_SHARED_PREFIX = 256
 
 # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model;
 # the warning is about peft's code, not ours or the user's, and would print on every run.
@@ -176,8 +172,6 @@ class HFChatModel(ChatTokens):
         keys = list(cache_keys) if cache_keys is not None else [None] * n
         if len(keys) != n:
             raise BackendError(f"got {len(keys)} cache keys for {n} prompts; pass one per prompt or None")
-        if any(len(p) == 0 for p in prompt_ids):
-            raise BackendError("empty prompt: every prompt needs at least one token")
         too_long = [i for i, p in enumerate(prompt_ids) if len(p) >= self.context_length]
         if too_long:
             raise ContextLengthError(
@@ -196,28 +190,6 @@ class HFChatModel(ChatTokens):
             for i, generation in session.step():
                 results[i] = generation
         return results  # type: ignore[return-value]
-
-    def share_openings(self, rows: Sequence[Row]) -> None:
-        """Prefill once the opening that several new conversations share (same adapter, at least
-        MIN_SHARED_PREFIX common leading tokens no stored state covers yet), and keep it shared:
-        each row then prefills only the rest of its prompt."""
-        fresh: dict[tuple, list[Row]] = {}
-        for row in rows:
-            if len(row.prompt) <= MIN_SHARED_PREFIX:
-                continue
-            _, covered = self.prefix_cache.reusable(row.key, row.prompt, row.adapter)
-            if covered < MIN_SHARED_PREFIX:
-                fresh.setdefault((row.adapter, tuple(row.prompt[:MIN_SHARED_PREFIX])), []).append(row)
-        for (adapter, _), members in fresh.items():
-            if len(members) < 2:
-                continue
-            head = members[0].prompt
-            length = min(common_prefix(np.asarray(head), r.prompt, len(r.prompt) - 1) for r in members)
-            key = ("shared-opening", adapter, length)
-            session = DecodeSession(self, SamplingParams(temperature=0.0, max_new_tokens=1))
-            pre = session._prefill([(head[:length], adapter, None, 0)])
-            self.prefix_cache.store(key, CachedPrefix(head[:length], adapter, *pre.copies(0)))
-            self.prefix_cache.share(key)
 
     def release(self, cache_keys: Iterable[Hashable]) -> None:
         """Free the stored states of conversations that ended."""
