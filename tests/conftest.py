@@ -7,20 +7,6 @@ import torch
 from transformers import LlamaForCausalLM
 
 
-class TinyLlama(LlamaForCausalLM):
-    """Adds a constant to the end-of-turn logit so random weights still end turns now and then.
-    Module-level so that engines holding it can be pickled (as Ray will)."""
-
-    eot_bias = 0.0
-    eot_id = 0
-
-    def forward(self, *args, **kwargs):
-        out = super().forward(*args, **kwargs)
-        if self.eot_bias:
-            out.logits[..., self.eot_id] += self.eot_bias
-        return out
-
-
 @pytest.fixture(scope="session")
 def tokenizer():
     from scope_marl.backends.embedded import load_tokenizer
@@ -47,12 +33,18 @@ def make_tiny_model(tokenizer):
             eos_token_id=tokenizer.eos_token_id,
         )
         torch.manual_seed(seed)
-        model = TinyLlama(config).eval()
-        model.eot_bias, model.eot_id = eot_bias, tokenizer.eos_token_id
+        model = LlamaForCausalLM(config).eval()
         # Random init gives near-uniform next-token distributions; sharpen them so sampling,
         # top-p and end-of-turn behave more like a trained model's.
         with torch.no_grad():
             model.model.embed_tokens.weight.mul_(8.0)
+        if eot_bias:  # a constant on the end-of-turn logit (a bias on the tied head), so random weights end turns now and then
+            head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True, device="meta")
+            head.weight = model.model.embed_tokens.weight
+            bias = torch.zeros(config.vocab_size)
+            bias[tokenizer.eos_token_id] = eot_bias
+            head.bias = torch.nn.Parameter(bias, requires_grad=False)
+            model.lm_head = head
         return model
 
     return make

@@ -152,31 +152,37 @@ class DecodeSession:
             return
         chat = self.chat
         self._share_openings()
-        taken: list[tuple[Row, CachedPrefix | None, int]] = []
+        taken: list[tuple[Row, int]] = []  # (row, its item in the prefill)
+        # Identical prompts (a GRPO group's rollouts) are prefilled once and their states copied.
+        items: dict[tuple, tuple[list[int], str | None, CachedPrefix | None, int]] = {}
         budget = PREFILL_BUDGET
         while self.pending and len(taken) < len(free):
             row = self.pending[0]
             past, reused = chat.prefix_cache.reusable(row.key, row.prompt, row.adapter)
-            fresh = len(row.prompt) - reused
+            same = (tuple(row.prompt), row.adapter, id(past), reused)
+            fresh = 0 if same in items else len(row.prompt) - reused
             if taken and fresh > budget:
                 break
             if fresh > PREFILL_BUDGET:  # a long prompt alone: prefill a chunk, keep its states, go on next step
                 self._prefill_chunk(row, past, reused)
                 break
-            taken.append((self.pending.popleft(), past, reused))
+            if same in items:
+                chat.prefix_cache.hits += len(row.prompt)
+            items.setdefault(same, (row.prompt, row.adapter, past, reused))
+            taken.append((self.pending.popleft(), list(items).index(same)))
             budget -= fresh
         if not taken:
             return
-        pre = self._prefill([(r.prompt, r.adapter, past, reused) for r, past, reused in taken])
+        pre = self._prefill(list(items.values()))
         slots = free[: len(taken)]
         occupied = sum(r is not None for r in self.slots)
         wanted = min(self.max_rows, occupied + len(taken) + len(self.pending))  # grow slots once for what is queued
-        self.cache.reserve(max(max(slots) + 1, wanted), max(len(r.prompt) + r.limit for r, _, _ in taken))
+        self.cache.reserve(max(max(slots) + 1, wanted), max(len(r.prompt) + r.limit for r, _ in taken))
         while len(self.slots) <= max(slots):
             self.slots.append(None)
         if self.logits is None:  # one row per possible slot, allocated once
             self.logits = torch.zeros(self.max_rows, pre.logits.shape[-1], device=self.device)
-        for j, ((row, _, _), slot) in enumerate(zip(taken, slots)):
+        for (row, j), slot in zip(taken, slots):
             self.cache.put(slot, pre.keys[j], pre.values[j])
             self.slots[slot] = row
             self.logits[slot] = pre.logits[j]

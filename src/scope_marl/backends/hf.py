@@ -52,7 +52,10 @@ class HFChatModel(ChatTokens):
         default_system_prompt: str | None = None,
         max_batch_size: int = 64,
     ):
+        from scope_marl.backends.attention import use_sdpa_gqa
+
         super().__init__(tokenizer, default_system_prompt)
+        use_sdpa_gqa(model)
         self.model = model.eval()
         self.name = name
         self.max_batch_size = max_batch_size
@@ -60,6 +63,14 @@ class HFChatModel(ChatTokens):
         self.prefix_cache = PrefixCache()
         # Wall time by phase, for benchmarks and profiling ("where does the time go").
         self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "decode_steps": 0, "decode_rows": 0}
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled in another process (a Ray or data-parallel worker): its attention function
+        must be registered there too."""
+        from scope_marl.backends.attention import use_sdpa_gqa
+
+        self.__dict__.update(state)
+        use_sdpa_gqa(self.model)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod

@@ -21,6 +21,7 @@ from scope_marl.config.train import LearnerConfig
 from scope_marl.core.types import Episode, RoleStream
 from scope_marl.training.data_parallel import all_ranks, all_reduce_, distributed, rank, shard_groups, world
 from scope_marl.training.losses import group_advantages, policy_loss, zero_variance_share
+from scope_marl.training.token_logprobs import body_and_head, check_head_decomposition, token_logprobs
 
 
 class Learner:
@@ -50,6 +51,7 @@ class Learner:
             raise ValueError(f"adapter {adapter!r} has no LoRA parameters to train")
         for p in self.params:
             p.requires_grad_(True)
+        check_head_decomposition(chat.model)
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.steps = 0
 
@@ -89,6 +91,10 @@ class Learner:
     def _score(self, streams: Sequence[RoleStream], model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from transformers import DynamicCache
 
+        # The transformer body gives hidden states; the LM head runs only on the response positions,
+        # packed without padding (token_logprobs). peft's LoRA layers sit inside the body, so the
+        # active adapter (or disable_adapter) applies as it does to the whole model.
+        body, head = body_and_head(model)
         prompts = list(dict.fromkeys(tuple(s.prompt_ids) for s in streams))
         which = torch.tensor([prompts.index(tuple(s.prompt_ids)) for s in streams])
         width_p = max(len(p) for p in prompts)
@@ -99,38 +105,36 @@ class Learner:
             ids_p[i, width_p - len(p) :] = torch.tensor(p)
             mask_p[i, width_p - len(p) :] = 1
         cache = DynamicCache(config=model.config)
-        out = model(
+        hidden_p = body(
             input_ids=ids_p,
             attention_mask=mask_p,
             position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
             cache=cache,
             use_cache=True,
-            logits_to_keep=1,
-        )
-        first = out.logits[:, -1][which]  # predicts each response's first token
+        ).last_hidden_state
+        hidden = hidden_p[:, -1][which][:, None]  # [B, 1, H]: predicts each response's first token
         cache.reorder_cache(which)  # one copy of the prompt's states per response (differentiable)
         ids_r = torch.full((len(streams), width), self.chat.pad_id, dtype=torch.long)
-        mask_r = torch.zeros(len(streams), width, dtype=torch.long)
+        mask_r = torch.zeros(len(streams), width, dtype=torch.bool)
         for i, s in enumerate(streams):
             ids_r[i, : len(s.response_ids)] = torch.tensor(s.response_ids)
-            mask_r[i, : len(s.response_ids)] = 1
+            mask_r[i, : len(s.response_ids)] = True
         prompt_len = mask_p.sum(-1)[which]
         positions = prompt_len[:, None] + torch.arange(width)[None, :]
-        logits = first[:, None]  # [B, width, V]: position j predicts response token j
-        if width > 1:
-            rest = model(
+        if width > 1:  # position j predicts response token j
+            rest = body(
                 input_ids=ids_r[:, :-1],
-                attention_mask=torch.cat([mask_p[which], mask_r[:, :-1]], dim=1),
+                attention_mask=torch.cat([mask_p[which], mask_r[:, :-1].long()], dim=1),
                 position_ids=positions[:, :-1],
                 cache=cache,
                 use_cache=True,
-            ).logits
-            logits = torch.cat([logits, rest], dim=1)
-        logp_all = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        logp = logp_all.gather(-1, ids_r[:, :, None]).squeeze(-1) * mask_r
-        token_entropy = -(logp_all.exp() * logp_all).sum(-1) * mask_r
-        # Only an entropy bonus needs its gradient; otherwise keep the graph small.
-        entropy = token_entropy if self.config.entropy_coef > 0 else token_entropy.detach()
+            ).last_hidden_state
+            hidden = torch.cat([hidden, rest], dim=1)
+        packed_logp, packed_entropy = token_logprobs(
+            hidden[mask_r], head.weight, head.bias, ids_r[mask_r], self.temperature, entropy_grad=self.config.entropy_coef > 0
+        )
+        logp = hidden.new_zeros(len(streams), width).masked_scatter(mask_r, packed_logp)
+        entropy = hidden.new_zeros(len(streams), width).masked_scatter(mask_r, packed_entropy)
         mask = torch.zeros(len(streams), width)
         for i, s in enumerate(streams):
             mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float)
