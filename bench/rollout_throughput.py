@@ -9,11 +9,13 @@ Both roles run on the same model, as in self-play / co-training.
   (c) bound: measured fp32 GEMM rate (2048 x 2048 matmul, this run) / (2 x all parameters,
       tied embedding included) = generated tokens/s if every FLOP were a useful GEMM FLOP.
   (d) roofline: also the memory read bandwidth (a sum over a buffer 4x the last-level cache, this
-      run). For the workload each engine run actually played, a perfect implementation needs: decode
-      steps batched at min(64, concurrent) rows, each taking the larger of its FLOP time (2 x params
-      + attention over the context, per row) and its bytes time (every fp32 weight, LM head included,
-      read once, plus each row's KV cache at the mean context of the generated tokens, 46,080 bytes a
-      token for SmolLM2-135M in fp32); plus the prefilled tokens at the GEMM rate.
+      run). For the workload each engine run actually played, a perfect implementation needs: every
+      decode step the engine ran, batched at min(64, its live rows), each taking the larger of its
+      FLOP time (2 x params + attention over the context, per row) and its bytes time (every fp32
+      weight, LM head included, read once, plus each row's KV cache at the mean context of the
+      generated tokens, 46,080 bytes a token for SmolLM2-135M in fp32); plus the prefilled tokens at
+      the GEMM rate. An episode's turns are sequential, so the live rows per step are the
+      workload's (8 turns of up to 48 tokens need ~384 steps however the batch is run), not 64 always.
       roofline_fraction = that time / the engine's whole wall time (templating, sampling and
       bookkeeping included). The mean context is read off the agent's streams (both roles play the
       same model with turns of the same length here).
@@ -24,7 +26,6 @@ Run: python bench/rollout_throughput.py [--quick] [--sizes 64]
 from __future__ import annotations
 
 import argparse
-import math
 import resource
 import time
 
@@ -86,7 +87,7 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
     config = RolloutConfig(group_size=group_size, max_concurrent=concurrent, seed=seed, on_turn_limit="continue", progress=False)
     engine = RolloutEngine(env, Seat(model=chat, sampling=SAMPLING, trainable=True), simulator, config)
     hits, misses = chat.prefix_cache.hits, chat.prefix_cache.misses
-    before = dict(chat.timings)
+    before, steps_before = dict(chat.timings), chat.steps_by_rows.copy()
     episodes = engine.run(tasks)
     turns = sum(len(e.messages) for e in episodes)
     assert turns == len(episodes) * 2 * EXCHANGES == concurrent * 2 * EXCHANGES, "every episode must play all its turns"
@@ -102,20 +103,22 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
         "prefilled": prefilled,
         "reused": chat.prefix_cache.hits - hits,
         "calls": engine.stats.model_calls,
+        "steps_by_rows": chat.steps_by_rows - steps_before,
     }
 
 
-def perfect_seconds(r: dict, concurrent: int, params: int, cfg, gflops: float, gbps: float) -> float:
+def perfect_seconds(r: dict, params: int, cfg, gflops: float, gbps: float) -> float:
     """What a perfect implementation needs for run ``r``'s workload (module docstring, (d))."""
-    rows = min(64, concurrent)
     layers, width = cfg.num_hidden_layers, cfg.hidden_size
     head_dim = getattr(cfg, "head_dim", None) or width // cfg.num_attention_heads
     kv_bytes = 2 * layers * cfg.num_key_value_heads * head_dim * 4  # K and V, fp32
     ctx = r["mean_context"]
-    step_flops = rows * (2 * params + 4 * layers * width * ctx)
-    step_bytes = 4 * params + rows * ctx * kv_bytes
-    steps = math.ceil(r["tokens"] / rows)
-    decode = steps * max(step_flops / (gflops * 1e9), step_bytes / (gbps * 1e9))
+    decode = 0.0
+    for live, steps in r["steps_by_rows"].items():
+        rows = min(64, live)
+        step_flops = rows * (2 * params + 4 * layers * width * ctx)
+        step_bytes = 4 * params + rows * ctx * kv_bytes
+        decode += steps * max(step_flops / (gflops * 1e9), step_bytes / (gbps * 1e9))
     prefill = r["prefilled"] * 2 * params / (gflops * 1e9)
     return decode + prefill
 
@@ -173,10 +176,12 @@ def main() -> None:
             f"{other:>8.1f}{r['decode_steps']:>7}{r['decode_rows'] / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
         )
     print()
-    print("roofline: a perfect implementation's time for the same workload (decode at min(64, rows), prefill at the GEMM rate)")
+    print(
+        "roofline: a perfect implementation's time for the same workload (each decode step at min(64, its live rows), prefill at the GEMM rate)"
+    )
     print(f"{'run':<12}{'mean ctx':>9}{'prefilled':>10}{'perfect s':>10}{'engine s':>9}{'roofline':>9}{'FLOP-only':>10}")
     for size, r in runs.items():
-        r["perfect_s"] = perfect_seconds(r, size, params, chat.model.config, gflops, gbps)
+        r["perfect_s"] = perfect_seconds(r, params, chat.model.config, gflops, gbps)
         print(
             f"{'engine@' + str(size):<12}{r['mean_context']:>9.0f}{r['prefilled']:>10}{r['perfect_s']:>10.1f}{r['seconds']:>9.1f}"
             f"{r['perfect_s'] / r['seconds']:>9.3f}{r['tokens'] / r['seconds'] / bound:>10.3f}"

@@ -338,4 +338,6 @@ class DecodeSession:
         self.cache.end_step(live)
         chat.timings["decode_s"] += time.perf_counter() - clock
         chat.timings["decode_steps"] += 1
-        chat.timings["decode_rows"] += int(live.sum())
+        rows = int(live.sum())
+        chat.timings["decode_rows"] += rows
+        chat.steps_by_rows[rows] += 1

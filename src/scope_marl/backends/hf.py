@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
@@ -63,6 +64,7 @@ class HFChatModel(ChatTokens):
         self.prefix_cache = PrefixCache()
         # Wall time by phase, for benchmarks and profiling ("where does the time go").
         self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "decode_steps": 0, "decode_rows": 0}
+        self.steps_by_rows: Counter[int] = Counter()  # decode steps by live rows (a roofline needs each step's batch)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled in another process (a Ray or data-parallel worker): its attention function
