@@ -72,3 +72,17 @@ def test_a_model_that_edits_its_logits_is_refused(make_tiny_model):
     model.__class__ = SoftCapped
     with pytest.raises(ValueError, match="not its LM head applied to its final hidden states"):
         tl.check_head_decomposition(model)
+
+
+def test_a_bf16_model_is_scored_in_fp32_as_at_sampling():
+    torch.manual_seed(2)
+    weight = (torch.randn(40, 8) * 2).bfloat16()
+    hidden = torch.randn(6, 8).bfloat16().requires_grad_()
+    targets = torch.randint(0, 40, (6,))
+    logits = torch.nn.functional.linear(hidden, weight).float()  # what sampling softmaxes
+    expected = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
+    logp, _ = tl.token_logprobs(hidden, weight, None, targets, 1.0)
+    assert logp.dtype == torch.float32 and torch.allclose(logp, expected, atol=1e-5)
+    (grad,) = torch.autograd.grad(logp.sum(), hidden)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), hidden)
+    assert grad.dtype == torch.bfloat16 and torch.allclose(grad.float(), expected_grad.float(), atol=0.05, rtol=0.02)

@@ -75,7 +75,7 @@ def token_logprobs(
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    z = F.linear(hidden, weight, bias)
+    z = F.linear(hidden, weight, bias).float()  # a bf16 model's logits, softmaxed in fp32 as at sampling
     return z / temperature if temperature != 1.0 else z
 
 
@@ -84,18 +84,21 @@ def _scores(hidden, weight, bias, targets, temperature, factor: torch.Tensor | N
     Two [CHUNK_ROWS, V] buffers serve every chunk (fresh ones per chunk would each be new pages
     the kernel has to fault in and zero)."""
     n = hidden.shape[0]
-    logp = hidden.new_empty(n)
-    entropy = hidden.new_empty(n)
+    logp = hidden.new_empty(n, dtype=torch.float32)
+    entropy = hidden.new_empty(n, dtype=torch.float32)
     rows_max = min(CHUNK_ROWS, n)
-    z_buf = hidden.new_empty(rows_max, weight.shape[0])
+    z_buf = hidden.new_empty(rows_max, weight.shape[0], dtype=torch.float32)
     p_buf = torch.empty_like(z_buf)
     for start in range(0, n, CHUNK_ROWS):
         rows = slice(start, min(start + CHUNK_ROWS, n))
         m = rows.stop - start
         z, p = z_buf[:m], p_buf[:m]
-        torch.mm(hidden[rows], weight.t(), out=z)
-        if bias is not None:
-            z.add_(bias)
+        if hidden.dtype == torch.float32:
+            torch.mm(hidden[rows], weight.t(), out=z)
+            if bias is not None:
+                z.add_(bias)
+        else:
+            z.copy_(F.linear(hidden[rows], weight, bias))
         if temperature != 1.0:
             z.div_(temperature)
         # logsumexp and the softmax from one exp pass: p = exp(z - max) / sum, lse = max + log(sum)
@@ -107,7 +110,7 @@ def _scores(hidden, weight, bias, targets, temperature, factor: torch.Tensor | N
         y = targets[rows]
         logp[rows] = z.gather(1, y[:, None]).squeeze(1) - lse
         if factor is not None:
-            factor[rows] = (weight[y] - p @ weight) / temperature
+            factor[rows] = (weight[y].float() - p @ weight.float()) / temperature
         entropy[rows] = lse - p.mul_(z).sum(-1)  # sum_v p_v (lse - z_v)
     return logp, entropy
 
@@ -117,7 +120,8 @@ class _FrozenHeadLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature):
-        factor = torch.empty_like(hidden)
+        factor = torch.empty_like(hidden, dtype=torch.float32)
+        ctx.dtype = hidden.dtype
         logp, entropy = _scores(hidden, weight, bias, targets, temperature, factor)
         ctx.save_for_backward(factor)
         ctx.mark_non_differentiable(entropy)
@@ -126,7 +130,7 @@ class _FrozenHeadLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         (factor,) = ctx.saved_tensors
-        return grad_logp[:, None] * factor, None, None, None, None
+        return (grad_logp[:, None] * factor).to(ctx.dtype), None, None, None, None
 
 
 def _autograd_scores(hidden, weight, bias, targets, temperature):
