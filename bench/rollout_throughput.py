@@ -170,10 +170,12 @@ def main() -> None:
     print(f"{'run':<12}{'total':>8}{'prefill':>9}{'decode':>9}{'sample':>9}{'other':>8}{'steps':>7}{'rows/step':>10}{'ms/step':>9}")
     for size, r in runs.items():
         other = r["seconds"] - r["prefill_s"] - r["decode_s"] - r["sample_s"]
-        steps = max(r["decode_steps"], 1)
+        decode_steps = r["steps_by_rows"].total()
+        steps = max(decode_steps, 1)
+        decode_rows = sum(rows * n for rows, n in r["steps_by_rows"].items())
         print(
             f"{'engine@' + str(size):<12}{r['seconds']:>8.1f}{r['prefill_s']:>9.1f}{r['decode_s']:>9.1f}{r['sample_s']:>9.1f}"
-            f"{other:>8.1f}{r['decode_steps']:>7}{r['decode_rows'] / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
+            f"{other:>8.1f}{decode_steps:>7}{decode_rows / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
         )
     print()
     print(

@@ -119,7 +119,7 @@ def test_failed_and_truncated_episodes_are_recorded_as_such(talky_chat, tmp_path
 def test_64_concurrent_episodes_complete_in_batches_with_groups_intact(talky_chat):
     env = SayTheWord(num_tasks=16, max_exchanges=2)
     engine = engine_for(talky_chat, env=env, trainable_user=True, group_size=4, max_concurrent=64, seed=1)
-    before = dict(talky_chat.timings)
+    before = talky_chat.steps_by_rows.copy()
     episodes = engine.run(env.tasks("train"))
     assert len(episodes) == 64
     assert all(e.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED) for e in episodes)
@@ -131,8 +131,8 @@ def test_64_concurrent_episodes_complete_in_batches_with_groups_intact(talky_cha
     assert all(len({e.task_id for e in g}) == 1 and len({e.simulator_id for e in g}) == 1 for g in groups.values())
     # Batching: both roles share the model and sampling, so one continuous batch carries all 64
     # episodes (every turn of either role joins it as soon as the other role has spoken).
-    steps = talky_chat.timings["decode_steps"] - before["decode_steps"]
-    rows = talky_chat.timings["decode_rows"] - before["decode_rows"]
+    decoded = talky_chat.steps_by_rows - before
+    steps, rows = decoded.total(), sum(live * n for live, n in decoded.items())
     assert engine.stats.model_calls >= steps and rows / steps >= 16
     summary = summarize(episodes, engine.stats.seconds, engine.stats.generated_tokens)
     assert summary["groups_with_one_simulator"] == 16 and summary["episodes"] == 64

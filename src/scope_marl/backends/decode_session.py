@@ -154,26 +154,29 @@ class DecodeSession:
         self._share_openings()
         taken: list[tuple[Row, int]] = []  # (row, its item in the prefill)
         # Identical prompts (a GRPO group's rollouts) are prefilled once and their states copied.
-        items: dict[tuple, tuple[list[int], str | None, CachedPrefix | None, int]] = {}
+        items: list[tuple[list[int], str | None, CachedPrefix | None, int]] = []
+        item_of: dict[tuple, int] = {}
         budget = PREFILL_BUDGET
         while self.pending and len(taken) < len(free):
             row = self.pending[0]
             past, reused = chat.prefix_cache.reusable(row.key, row.prompt, row.adapter)
             same = (tuple(row.prompt), row.adapter, id(past), reused)
-            fresh = 0 if same in items else len(row.prompt) - reused
+            fresh = 0 if same in item_of else len(row.prompt) - reused
             if taken and fresh > budget:
                 break
             if fresh > PREFILL_BUDGET:  # a long prompt alone: prefill a chunk, keep its states, go on next step
                 self._prefill_chunk(row, past, reused)
                 break
-            if same in items:
+            if same in item_of:
                 chat.prefix_cache.hits += len(row.prompt)
-            items.setdefault(same, (row.prompt, row.adapter, past, reused))
-            taken.append((self.pending.popleft(), list(items).index(same)))
+            else:
+                item_of[same] = len(items)
+                items.append((row.prompt, row.adapter, past, reused))
+            taken.append((self.pending.popleft(), item_of[same]))
             budget -= fresh
         if not taken:
             return
-        pre = self._prefill(list(items.values()))
+        pre = self._prefill(items)
         slots = free[: len(taken)]
         occupied = sum(r is not None for r in self.slots)
         wanted = min(self.max_rows, occupied + len(taken) + len(self.pending))  # grow slots once for what is queued
@@ -337,7 +340,4 @@ class DecodeSession:
         self.logits[:n] = chat.forward(self.cache, self._next_tokens[:n, None], positions, mask, names)
         self.cache.end_step(live)
         chat.timings["decode_s"] += time.perf_counter() - clock
-        chat.timings["decode_steps"] += 1
-        rows = int(live.sum())
-        chat.timings["decode_rows"] += rows
-        chat.steps_by_rows[rows] += 1
+        chat.steps_by_rows[int(live.sum())] += 1

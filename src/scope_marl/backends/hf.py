@@ -63,8 +63,9 @@ class HFChatModel(ChatTokens):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.prefix_cache = PrefixCache()
         # Wall time by phase, for benchmarks and profiling ("where does the time go").
-        self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "decode_steps": 0, "decode_rows": 0}
-        self.steps_by_rows: Counter[int] = Counter()  # decode steps by live rows (a roofline needs each step's batch)
+        self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0}
+        # Decode steps by live rows: the step count, the rows decoded and each step's batch (a roofline needs it).
+        self.steps_by_rows: Counter[int] = Counter()
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled in another process (a Ray or data-parallel worker): its attention function

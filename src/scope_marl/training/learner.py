@@ -51,7 +51,8 @@ class Learner:
             raise ValueError(f"adapter {adapter!r} has no LoRA parameters to train")
         for p in self.params:
             p.requires_grad_(True)
-        check_head_decomposition(chat.model)
+        for scored in (chat, reference) if reference is not None else (chat,):
+            check_head_decomposition(scored.model)
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.lr, weight_decay=self.config.weight_decay)
         self.steps = 0
 
