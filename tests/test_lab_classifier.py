@@ -64,3 +64,16 @@ def test_unknown_game_or_strategy_is_refused():
         StrategyClassifier("chess", ("e4",))
     with pytest.raises(ValueError, match="strategies without patterns: \\['bribe'\\]"):
         StrategyClassifier("theory", ("emotion", "bribe"))
+
+
+@pytest.mark.parametrize(
+    "text, label",
+    [
+        ("Donate to Save the Children today. You'll save lives.", "ask"),
+        ("You can donate to their mission and help them.", "ask"),
+        ("Can you help us reach our goal?", "ask"),
+        ("The campaign encourages people to donate to organizations.", "other"),
+    ],
+)
+def test_direct_asks_in_the_llm_agents_words(text, label):
+    assert StrategyClassifier("theory", ("emotion", "logic", "ask")).classify(text) == label

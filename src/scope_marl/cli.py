@@ -407,24 +407,49 @@ def lab(
         "--arms",
         help="comma-separated arms (default: single,rotation,vs_prob,vs_random,cotrain,population; oracle is an extra reference)",
     ),
-    seeds: int = typer.Option(5, "--seeds", min=1, help="seeds per arm (tables give mean and 95% interval over seeds)"),
+    seeds: int = typer.Option(
+        None, "--seeds", min=1, help="seeds per arm (tables give mean and 95% interval over seeds); default 5, with --policy llm 3"
+    ),
     panel: Path = typer.Option(
         None, "--panel", help="YAML of held-out simulators (schema in docs/lab.md); default: the built-in held-out panel"
     ),
     out: Path = typer.Option(..., "--out", "-o", help="writes results.json, report.md and collapse.png here"),
+    policy: str = typer.Option(
+        "table", "--policy", help="table (a strategy table, seconds) or llm (the embedded LLM writes each message, trained with LoRA)"
+    ),
+    quick: bool = typer.Option(False, "--quick", help="--policy llm: fewer steps and dialogues (minutes, not hours)"),
+    config: Path = typer.Option(
+        None, "--config", help="--policy llm: YAML of settings replacing the game's defaults (fields in docs/lab.md)"
+    ),
 ) -> None:
     """The collapse lab: simulator collapse and both fixes in seconds, with the same simulator-mode
     and loss code as the LLM path. Trains each arm and prints training-simulator reward, held-out
-    reward and policy entropy per arm.
+    reward and policy entropy per arm. With --policy llm the agent is the embedded LLM with a LoRA
+    adapter (checkpointed after every step: run the same command again to resume).
 
     Example: scope lab --game theory --out runs/lab-theory
     """
-    from scope_marl.lab import format_table, run_lab
-
     started = time.perf_counter()
     chosen = [a.strip() for a in arms.split(",") if a.strip()] if arms else None
-    results = run_lab(game, chosen, seeds, panel, out, log=lambda m: console.print(escape(m), soft_wrap=True))
-    console.print(format_table(results), soft_wrap=True, markup=False)
+    log = lambda m: console.print(escape(m), soft_wrap=True)
+    if policy == "llm":
+        from scope_marl.config.loading import load_config
+        from scope_marl.lab.arms import LLM_SETTINGS, LLMSettings
+        from scope_marl.lab.llm_run import run_llm_lab
+        from scope_marl.lab.report import format_llm_table
+
+        settings = load_config(config, LLMSettings, defaults=LLM_SETTINGS.get(game, LLMSettings()).model_dump()) if config else None
+        results = run_llm_lab(game, chosen, seeds or 3, out, quick, settings, panel=panel, log=log)
+        console.print(format_llm_table(results), soft_wrap=True, markup=False)
+    elif policy == "table":
+        if quick or config:
+            raise typer.BadParameter("--quick and --config are settings of --policy llm")
+        from scope_marl.lab import format_table, run_lab
+
+        results = run_lab(game, chosen, seeds or 5, panel, out, log=log)
+        console.print(format_table(results), soft_wrap=True, markup=False)
+    else:
+        raise typer.BadParameter(f"--policy must be table or llm, got {policy!r}")
     console.print(f"report: {out / 'report.md'} (plot: {out / 'collapse.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
 
 

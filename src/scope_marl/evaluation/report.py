@@ -37,8 +37,10 @@ def pyplot():
     return plt
 
 
-def plot_collapse(series: dict[str, list[dict]], path: str | Path, title: str = "Simulator collapse") -> Path:
-    """Three panels over training steps, one line per arm.
+def plot_collapse(
+    series: dict[str, list[dict]], path: str | Path, title: str = "Simulator collapse", panels: list[tuple[str, str, str]] = PANELS
+) -> Path:
+    """One panel per ``(key, title, y label)`` of ``panels`` (default: three) over training steps, one line per arm.
 
     ``series[arm]`` is a list of points ``{"step", "train_reward", "heldout_reward",
     "policy_entropy"}`` (None where not measured that step), each optionally with ``<key>_low`` /
@@ -47,10 +49,12 @@ def plot_collapse(series: dict[str, list[dict]], path: str | Path, title: str = 
     import matplotlib.ticker
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharex=True)  # one step axis, even for a single evaluation point
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5 * len(panels), 4.2), sharex=True
+    )  # one step axis, even for a single evaluation point
     styles = ["-", "--", ":", "-."]  # arms with equal numbers still show as separate lines
     markers = ["o", "s", "^", "D", "v", "P"]
-    for ax, (key, panel_title, ylabel) in zip(axes, PANELS):
+    for ax, (key, panel_title, ylabel) in zip(axes, panels):
         for i, (arm, points) in enumerate(series.items()):
             points = [p for p in points if p.get(key) is not None and math.isfinite(p[key])]
             if not points:

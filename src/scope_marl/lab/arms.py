@@ -56,7 +56,7 @@ class Settings(Section):
 
     def replace(self, **overrides) -> Settings:
         """A copy with some fields replaced, validated like the original."""
-        return Settings.model_validate({**self.model_dump(), **overrides})
+        return type(self).model_validate({**self.model_dump(), **overrides})
 
 
 # lr, sim_lr, sim_kl_coef and pool_every as chosen by ``python -m scope_marl.lab.tune`` on the
@@ -65,6 +65,34 @@ SETTINGS = {
     "theory": Settings(lr=0.1, sim_lr=0.3, sim_kl_coef=0.5, pool_every=5),  # = the defaults above
     "p4g": Settings(steps=120, eval_every=20, eval_groups=48, lr=0.3, sim_lr=0.1, sim_kl_coef=2.0, pool_every=15),
 }
+
+
+class LLMSettings(Settings):
+    """The LLM-policy lab (``scope lab --policy llm``): the agent is a language model with a LoRA
+    adapter; the simulators and their settings (gammas, co-training, pool) are the tabular lab's.
+
+    Sized for a 2-core CPU: every step plays ``groups x group_size`` dialogues of up to three
+    messages of at most ``max_new_tokens`` tokens, and every evaluation point plays
+    ``eval_groups x eval_group_size`` dialogues against each of the six held-out simulators.
+    """
+
+    steps: int = Field(12, ge=1)
+    groups: int = Field(4, ge=1)
+    group_size: int = Field(4, ge=1)
+    lr: float = Field(2e-3, gt=0, description="AdamW on the agent's LoRA adapter")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model (adapter off); 0 skips the reference forward")
+    eval_every: int = Field(6, ge=1)
+    eval_groups: int = Field(2, ge=1, description="per held-out simulator")
+    eval_group_size: int = Field(4, ge=1)
+    lora_r: int = Field(8, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    max_new_tokens: int = Field(32, ge=1, le=256)
+    temperature: float = Field(0.7, gt=0, description="the agent's sampling temperature (its log-probs are exact at it)")
+
+
+# The full LLM setting (bench/collapse_llm.py) and the quick one a test and the demo can afford.
+LLM_SETTINGS = {"theory": LLMSettings(), "p4g": LLMSettings(**SETTINGS["p4g"].model_dump(include={"sim_lr", "sim_kl_coef", "pool_every"}))}
+LLM_QUICK = {"steps": 4, "groups": 2, "group_size": 4, "eval_every": 2, "eval_groups": 1, "eval_group_size": 2}
 
 
 def with_settings(game: str, **overrides) -> Settings:
@@ -79,7 +107,9 @@ class Opponent:
     pool: SimulatorPool | None = None
 
 
-def opponent(arm: str, game: Game, s: Settings, seed: int, workdir: Path) -> Opponent:
+def opponent(arm: str, game: Game, s: Settings, seed: int, workdir: Path, resume_step: int | None = None) -> Opponent:
+    """What ``arm`` trains against. ``resume_step``: reopen the snapshot pool in ``workdir`` as it was
+    at that step (members added after it are dropped: they belong to a step that is played again)."""
     llm = FrozenActs.sharpened(game, s.train_gamma, s.train_adherence, simulator_id="train-llm")
     if arm == "single":
         return Opponent(llm)
@@ -95,7 +125,11 @@ def opponent(arm: str, game: Game, s: Settings, seed: int, workdir: Path) -> Opp
         return Opponent(trainable, trainable)
     if arm == "population":
         trainable = TrainableActs(llm)
-        pool = SimulatorPool(workdir / "pool", max_size=s.pool_size, selection="random", seed=seed)
-        pool.add(trainable.save(workdir / "staging"), step=0, base=True)
+        if resume_step is not None:
+            pool = SimulatorPool.load(workdir / "pool")
+            pool.rewind(resume_step)
+        else:
+            pool = SimulatorPool(workdir / "pool", max_size=s.pool_size, selection="random", seed=seed)
+            pool.add(trainable.save(workdir / "staging"), step=0, base=True)
         return Opponent(PopulationActs(pool, game, trainable.adherence, seed), trainable, pool)
     raise ValueError(f"unknown arm {arm!r}; use any of {list(ARMS + OPTIONAL_ARMS)}")

@@ -23,7 +23,9 @@ OTHER = "other"
 # efficiency), ask (a direct request to donate now).
 THEORY = {
     "ask": [
-        r"\b(would|will|could|can) you (please )?(donate|give|contribute|help)",
+        r"\b(would|will|could|can) you (please )?(donate|give|contribute|help|support|spare|chip in)",
+        r"\byou (can|could|should) (donate|give|contribute|chip in)\b",
+        r"(^|[.!?]\s+)(please )?(donate|give|contribute|chip in)\b",  # an imperative opening a sentence
         r"\bplease (donate|give|contribute)",
         r"\b(donate|give|contribute) (now|today|\$?\d+)",
         r"\bhow much (would|will|could|can) you",

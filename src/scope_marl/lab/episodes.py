@@ -5,19 +5,30 @@ and, through ``simulator.for_group``, the simulator that plays the user, so the 
 compares like with like. Groups that drew the same simulator answer in one call per turn.
 Each episode is one stream per role: the agent's strategy choices and the user's acts, one per
 turn, ``mask`` marking the real turns (a dialogue may end early on a terminal act).
+
+The agent is anything with ``choose(turn, previous, alive, generator) -> (strategy, logp, entropy)``:
+the tabular :class:`StrategyPolicy`, or the LLM agent of ``llm_agent.py`` (which writes a message per
+live dialogue and classifies it), so both are played by this one loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from scope_marl.lab.games import Game
-from scope_marl.lab.policy import StrategyPolicy
-from scope_marl.lab.simulators import ActTurn, batch_turn, draw, entropy_nats
+from scope_marl.lab.simulators import ActTurn, batch_turn
 from scope_marl.simulators.base import Simulator
+
+
+class Agent(Protocol):
+    def choose(self, turn: int, previous: Tensor, alive: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        """The strategy of every dialogue this turn [n], its log-prob [n] and the policy's entropy [n]
+        (rows that are no longer ``alive`` are ignored)."""
+        ...
 
 
 @dataclass
@@ -41,7 +52,7 @@ class Dialogues:
 
 def play(
     game: Game,
-    policy: StrategyPolicy,
+    policy: Agent,
     simulator: Simulator,
     personas: Tensor,
     group_size: int,
@@ -78,8 +89,7 @@ def play(
     }
     with torch.no_grad():
         for t in range(T):
-            logp = policy(t, previous)
-            strategy = draw(logp.exp(), torch.rand(n, generator=generator))
+            strategy, logp, entropy = policy.choose(t, previous, alive, generator)
             acts = torch.empty(n, dtype=torch.long)
             user_logp = torch.empty(n)
             for member, rows in buckets:
@@ -94,8 +104,8 @@ def play(
             record["strategies"][:, t] = strategy
             record["acts"][:, t] = acts
             record["mask"][:, t] = alive
-            record["agent_logp"][:, t] = logp.gather(1, strategy[:, None]).squeeze(1)
-            record["agent_entropy"][:, t] = entropy_nats(logp.exp())
+            record["agent_logp"][:, t] = logp
+            record["agent_entropy"][:, t] = entropy
             record["user_logp"][:, t] = user_logp
             previous = torch.where(alive, acts, previous)
             alive = alive & ~game.terminal[acts]

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from scope_marl.lab.games import Game
+from scope_marl.lab.simulators import draw, entropy_nats
 
 
 class StrategyPolicy(nn.Module):
@@ -22,6 +23,12 @@ class StrategyPolicy(nn.Module):
     def forward(self, turn: int | Tensor, previous: Tensor) -> Tensor:
         """Log-probabilities over strategies [..., S] at turn(s) ``turn`` after previous act(s) ``previous``."""
         return self.logits[turn, previous].log_softmax(-1)
+
+    def choose(self, turn: int, previous: Tensor, alive: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        """One strategy per dialogue drawn from the policy (one uniform per row), its log-prob and the entropy."""
+        logp = self(turn, previous)
+        strategy = draw(logp.exp(), torch.rand(len(previous), generator=generator))
+        return strategy, logp.gather(1, strategy[:, None]).squeeze(1), entropy_nats(logp.exp())
 
     def describe(self, game: Game) -> dict[str, dict[str, dict[str, float]]]:
         """The policy as nested dicts (turn -> previous act -> strategy -> probability), for reports."""

@@ -9,27 +9,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scope_marl.evaluation.report import plot_collapse
+from scope_marl.evaluation.report import PANELS, plot_collapse
 from scope_marl.evaluation.stats import format_interval
 
+# The table's columns after the arm: (part of the summary, metric, signed), then held-out minus single.
+COLUMNS = [(part, key, part == "change") for key in ("train_reward", "heldout_reward", "policy_entropy") for part in ("final", "change")]
 
-def table_rows(results: dict) -> list[list[str]]:
-    rows = []
-    for arm, r in results["results"].items():
-        final, change = r["final"], r["change"]
-        rows.append(
-            [
-                arm,
-                format_interval(final["train_reward"]),
-                format_interval(change["train_reward"], True),
-                format_interval(final["heldout_reward"]),
-                format_interval(change["heldout_reward"], True),
-                format_interval(final["policy_entropy"]),
-                format_interval(change["policy_entropy"], True),
-                format_interval(r.get("heldout_vs_single"), True),
-            ]
-        )
-    return rows
+
+def table_rows(results: dict, columns: list[tuple[str, str, bool]] = COLUMNS) -> list[list[str]]:
+    return [
+        [arm, *(format_interval(r[part][key], signed) for part, key, signed in columns), format_interval(r.get("heldout_vs_single"), True)]
+        for arm, r in results["results"].items()
+    ]
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned plain-text columns under a dashed rule."""
+    rows = [header, *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
 
 
 HEADER = ["arm", "train reward", "change", "held-out reward", "change", "policy entropy", "change", "held-out - single"]
@@ -75,19 +78,14 @@ def checks(results: dict) -> list[str]:
 
 def format_table(results: dict) -> str:
     """The per-arm table as plain text, then the checks (what ``scope lab`` prints)."""
-    rows = [HEADER, *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = [
         (
             f"game {results['game']}: {results['seeds']} seeds, mean [95% t-interval over seeds]; "
             f"held-out panel '{results['panel']['name']}' ({len(results['panel']['simulators'])} simulators); "
             "change = final - step 0"
-        )
+        ),
+        *text_table(HEADER, table_rows(results)),
     ]
-    for i, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines + [""] + checks(results))
 
 
@@ -156,4 +154,94 @@ def plot(results: dict, path: Path) -> None:
         {arm: r["curve"] for arm, r in results["results"].items()},
         path,
         title=f"Collapse lab: {results['game']} ({results['seeds']} seeds, 95% t-intervals)",
+    )
+
+
+# ---- the LLM-policy lab (scope lab --policy llm) -------------------------------------------------
+LLM_HEADER = [
+    "arm",
+    "train reward",
+    "change",
+    "held-out reward",
+    "change",
+    "strategy entropy",
+    "change",
+    "distinct-2",
+    "other",
+    "held-out - single",
+]
+LLM_PANELS = [
+    *PANELS[:2],
+    ("strategy_entropy", "Entropy of the agent's strategies", "nats over classified messages"),
+    ("distinct2", "Distinct-2 of the agent's messages", "unique bigrams / bigrams"),
+]
+
+
+LLM_COLUMNS = [
+    *COLUMNS[:4],
+    ("final", "strategy_entropy", False),
+    ("change", "strategy_entropy", True),
+    ("final", "distinct2", False),
+    ("final", "other_share", False),
+]
+
+
+def format_llm_table(results: dict) -> str:
+    """The LLM lab's per-arm table as plain text (what ``scope lab --policy llm`` prints)."""
+    title = f"game {results['game']}, LLM agent: {results['seeds']} seeds, mean [95% t-interval over seeds]; change = final - step 0"
+    return "\n".join([title, *text_table(LLM_HEADER, table_rows(results, LLM_COLUMNS))])
+
+
+def llm_report_markdown(results: dict) -> str:
+    """The LLM lab's report: table, per-simulator rewards, strategy shares and example messages."""
+    start = results["start"]
+    lines = [
+        f"# Collapse lab with an LLM agent: `{results['game']}`",
+        "",
+        (
+            f"The agent writes each message with the embedded LLM and a LoRA adapter; a fixed classifier maps it to a strategy "
+            f"and the lab's act simulators answer. {results['seeds']} seeds per arm; every cell is the mean over seeds with its "
+            f"{results['interval']}. Held-out panel: `{results['panel_file']}`. *other* is the share of messages the classifier "
+            "could not place (answered as a uniformly drawn strategy)."
+        ),
+        "",
+        f"Untrained agent (step 0, every arm): held-out reward {start['heldout_reward']:.3f}, strategy entropy "
+        f"{start['strategy_entropy']:.3f}, distinct-2 {start['distinct2']:.3f}, strategy shares "
+        + ", ".join(f"{k} {v:.2f}" for k, v in start["strategy_shares"].items())
+        + ".",
+        "",
+        "![collapse curves of the LLM agent](collapse.png)",
+        "",
+        "| " + " | ".join(LLM_HEADER) + " |",
+        "|" + "---|" * len(LLM_HEADER),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results, LLM_COLUMNS)]
+    names = [s["id"] for s in results["panel"]["simulators"]]
+    lines += ["", "## Final held-out reward per simulator", "", "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for arm, r in results["results"].items():
+        lines.append(f"| {arm} | " + " | ".join(format_interval(r["per_simulator"][n]) for n in names) + " |")
+    lines += ["", "## Example messages (held-out evaluation, seed 0)", ""]
+    for arm, examples in results["examples"].items():
+        lines += (
+            [f"### {arm}", "", "Start:", ""]
+            + _example_lines(examples["start"][:2])
+            + ["", "End:", ""]
+            + _example_lines(examples["end"][0][:2])
+            + [""]
+        )
+    lines += ["## Settings", ""] + [f"- `{key}`: {json.dumps(value)}" for key, value in results["settings"].items()]
+    lines += ["", f"Time: {results['seconds']:.0f} s of training and evaluation at {results['gemm_gflops']:.0f} GFLOP/s GEMM.", ""]
+    return "\n".join(lines)
+
+
+def _example_lines(examples: list[dict]) -> list[str]:
+    return [f"- [{s}] {m!r}" for e in examples for m, s in zip(e["messages"], e["strategies"])]
+
+
+def plot_llm(results: dict, path: Path) -> None:
+    plot_collapse(
+        {arm: r["curve"] for arm, r in results["results"].items()},
+        path,
+        title=f"Collapse lab, LLM agent: {results['game']} ({results['seeds']} seeds, 95% t-intervals)",
+        panels=LLM_PANELS,
     )

@@ -27,10 +27,10 @@ from scope_marl.lab.report import plot, report_markdown
 METRICS = ("train_reward", "heldout_reward", "policy_entropy")
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict], metrics: tuple[str, ...] = METRICS) -> dict:
     """Per metric: the final value, its change since step 0, both over seeds; the mean curve with bands."""
     out: dict = {"final": {}, "change": {}}
-    for key in METRICS:
+    for key in metrics:
         out["final"][key] = t_interval([r["final"][key] for r in runs])
         out["change"][key] = t_interval([r["final"][key] - r["start"][key] for r in runs])
     names = runs[0]["final"]["per_simulator"]
@@ -38,12 +38,32 @@ def summarize(runs: list[dict]) -> dict:
     curve = []
     for i, p in enumerate(runs[0]["curve"]):
         point = {"step": p["step"]}
-        for key in METRICS:
+        for key in metrics:
             stats = t_interval([r["curve"][i][key] for r in runs])
             point.update({key: stats["mean"], f"{key}_low": stats["low"], f"{key}_high": stats["high"]})
         curve.append(point)
     out["curve"] = curve
     return out
+
+
+def checked_arms(arms, allowed: tuple[str, ...], seeds: int) -> list[str]:
+    """The arms as a list, after checking every arm is known and there is at least one seed."""
+    unknown = [a for a in arms if a not in allowed]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; choose from {list(allowed)}")
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    return list(arms)
+
+
+def paired_with_single(per_arm: dict) -> None:
+    """Each arm's final held-out reward minus single's, paired by seed, as ``summary["heldout_vs_single"]``."""
+    if "single" not in per_arm:
+        return
+    base = {r["seed"]: r["final"]["heldout_reward"] for r in per_arm["single"]["runs"]}
+    for arm, result in per_arm.items():
+        diffs = [r["final"]["heldout_reward"] - base[r["seed"]] for r in result["runs"] if r["seed"] in base]
+        result["summary"]["heldout_vs_single"] = t_interval(diffs) if arm != "single" else None
 
 
 def run_lab(
@@ -62,12 +82,7 @@ def run_lab(
     :func:`scope_marl.lab.report.format_table` prints.
     """
     started = time.perf_counter()
-    arms = list(arms or ARMS)
-    unknown = [a for a in arms if a not in ARMS + OPTIONAL_ARMS]
-    if unknown:
-        raise ValueError(f"unknown arm(s) {unknown}; choose from {list(ARMS + OPTIONAL_ARMS)}")
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    arms = checked_arms(arms or ARMS, ARMS + OPTIONAL_ARMS, seeds)
     lab_game = load_game(game)
     s = settings or SETTINGS[game]
     panel_spec = load_panel(panel if panel is not None else HELDOUT_PANEL)
@@ -94,11 +109,7 @@ def run_lab(
     finally:
         torch.set_num_threads(threads)
 
-    if "single" in per_arm:
-        base = {r["seed"]: r["final"]["heldout_reward"] for r in per_arm["single"]["runs"]}
-        for arm, result in per_arm.items():
-            diffs = [r["final"]["heldout_reward"] - base[r["seed"]] for r in result["runs"] if r["seed"] in base]
-            result["summary"]["heldout_vs_single"] = t_interval(diffs) if arm != "single" else None
+    paired_with_single(per_arm)
     results = {
         "game": game,
         "arms": arms,

@@ -1,0 +1,119 @@
+"""The LLM-policy lab on a tiny random-weight model: exact token streams, the act simulators' answers,
+resume after a crash, settings checks and the whole quick run with its report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scope_marl.config.train import LearnerConfig
+from scope_marl.lab.arms import LLM_QUICK, LLM_SETTINGS, LLMSettings
+from scope_marl.lab.episodes import play
+from scope_marl.lab.games import load_game
+from scope_marl.lab.llm_agent import REPLIES, ROLE, LLMAgent
+from scope_marl.lab.llm_loop import RESULT_FILE, evaluate_llm, reset_adapter, train_llm_arm
+from scope_marl.lab.llm_run import SettingsMismatch, run_llm_lab
+from scope_marl.lab.panel import HELDOUT_PANEL, build_panel, load_panel
+from scope_marl.lab.simulators import FrozenActs
+from scope_marl.training.learner import Learner
+
+QUICK = LLM_SETTINGS["theory"].replace(**LLM_QUICK, max_new_tokens=12)
+
+
+@pytest.fixture
+def game():
+    return load_game("theory")
+
+
+def test_llm_dialogues_record_exact_streams(talky_chat, game):
+    reset_adapter(talky_chat, QUICK, seed=0)
+    agent = LLMAgent(talky_chat, game, max_new_tokens=12)
+    generator = torch.Generator().manual_seed(3)
+    turns = agent.batch(12, seed=5)
+    d = play(game, turns, FrozenActs.sharpened(game, 4.0, 0.0), torch.tensor([0, 1, 2]), 4, generator)
+    turns.close()
+    # One message per real turn, labelled by the classifier; an unplaceable one plays some strategy.
+    assert [len(m) for m in turns.messages] == d.mask.sum(1).tolist()
+    for i, row in enumerate(turns.messages):
+        for t, text in enumerate(row):
+            label = int(turns.labels[i, t])
+            assert label == agent.classifier.index(text)
+            if label < len(game.strategies):
+                assert int(d.strategies[i, t]) == label
+    # The user's acts came back as reply texts of the act's table, in the agent's next prompt.
+    prompts = [talky_chat.decode(b.context_ids) for b in turns.builders]
+    for i in range(12):
+        for t in range(int(d.mask[i].sum()) - 1):
+            act = game.acts[int(d.acts[i, t])]
+            assert any(text in prompts[i] for text in REPLIES[act])
+    # The learner scores exactly the sampled ids with the recorded log-probs (on-policy exactness).
+    episodes = turns.episodes(d.rewards, d.group_ids, d.simulators, 4)
+    assert [e.streams[ROLE].reward for e in episodes] == d.rewards.tolist()
+    learner = Learner(talky_chat, ROLE, ROLE, 0.7, LearnerConfig(lr=1e-3, kl_coef=0.0))
+    stats = learner.step(episodes)
+    assert stats["logprob_gap"] < 1e-4
+
+
+def test_evaluation_is_the_same_for_a_fresh_adapter_whatever_the_seed(talky_chat, game):
+    panel = build_panel(game, load_panel(HELDOUT_PANEL))
+    points = []
+    for seed in (0, 1):
+        reset_adapter(talky_chat, QUICK, seed)
+        points.append(evaluate_llm(LLMAgent(talky_chat, game, max_new_tokens=12), game, panel, QUICK))
+    assert points[0]["heldout_reward"] == points[1]["heldout_reward"]
+    assert points[0]["examples"] == points[1]["examples"]
+    assert set(points[0]["per_simulator"]) == {spec.id for spec in load_panel(HELDOUT_PANEL).simulators}
+    assert abs(sum(points[0]["strategy_shares"].values()) - 1.0) < 1e-9
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("arm", ["single", "population"])
+def test_a_crashed_run_resumes_to_the_same_result(talky_chat, game, tmp_path, arm):
+    panel = build_panel(game, load_panel(HELDOUT_PANEL))
+    s = QUICK.replace(pool_every=1)  # population: a snapshot every step, so the pool is rewound on resume
+    start = {"heldout_reward": 0.0, "per_simulator": {}, "strategy_entropy": 0.0, "strategy_shares": {}, "distinct2": 0.0, "examples": []}
+    whole = train_llm_arm(talky_chat, game, arm, 0, s, panel, tmp_path / "whole", start)
+
+    def crash_after_two(step: int, seconds: float) -> None:
+        if step == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_llm_arm(talky_chat, game, arm, 0, s, panel, tmp_path / "resumed", start, crash_after_two)
+    assert not (tmp_path / "resumed" / RESULT_FILE).exists()
+    resumed = train_llm_arm(talky_chat, game, arm, 0, s, panel, tmp_path / "resumed", start)
+    strip = lambda curve: [{k: v for k, v in p.items() if k != "seconds"} for p in curve]
+    assert strip(resumed["curve"]) == strip(whole["curve"])
+    assert resumed["curve"][-1]["heldout_reward"] == whole["curve"][-1]["heldout_reward"]
+    # A finished run is read back, not trained again.
+    assert train_llm_arm(talky_chat, game, arm, 0, s, panel, tmp_path / "whole", start) == json.loads(
+        (tmp_path / "whole" / RESULT_FILE).read_text()
+    )
+
+
+def test_quick_run_writes_the_report_and_refuses_other_settings(talky_chat, tmp_path):
+    out = tmp_path / "lab"
+    lines = []
+    results = run_llm_lab("theory", ["single", "vs_prob", "cotrain"], 2, out, quick=True, settings=QUICK, chat=talky_chat, log=lines.append)
+    assert any("ETA" in line for line in lines)
+    for name in ("results.json", "report.md", "report.html", "collapse.png", "start.json"):
+        assert (out / name).exists(), name
+    r = results["results"]
+    assert r["single"]["heldout_vs_single"] is None and r["vs_prob"]["heldout_vs_single"] is not None
+    assert [p["step"] for p in r["cotrain"]["curve"]] == [0, 2, 4]
+    assert results["max_logprob_gap"] < 1e-4
+    assert "## Example messages" in (out / "report.md").read_text()
+    # The same directory with other settings would mix two experiments.
+    with pytest.raises(SettingsMismatch, match="lr"):
+        run_llm_lab("theory", ["single"], 2, out, quick=True, settings=QUICK.replace(lr=0.5), chat=talky_chat)
+
+
+def test_llm_settings_are_validated():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        LLMSettings(max_new_tokens=0)
+    assert isinstance(QUICK, LLMSettings) and QUICK.steps == LLM_QUICK["steps"]
