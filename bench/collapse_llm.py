@@ -14,7 +14,7 @@ training and evaluation time summed over every session that worked on ``--out`` 
 where it stopped when started again with the same ``--out``). Budget: 2 hours on a 2-core machine
 at 150 GFLOP/s.
 
-Run: python bench/collapse_llm.py [--out runs/bench-collapse-llm] [--quick] [--seeds 3]
+Run: python bench/collapse_llm.py [--out runs/bench-collapse-llm] [--quick] [--seeds 3] [--arms single,vs_prob,...]
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-collapse-llm"), help="run directory (resumed if it exists)")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--arms", default=",".join(LLM_ARMS), help="comma-separated; the RESULT line needs single, vs_prob and cotrain")
     parser.add_argument("--quick", action="store_true", help="the --quick setting (minutes; not the benchmark)")
     args = parser.parse_args()
-    results = run_llm_lab("theory", list(LLM_ARMS), args.seeds, args.out, quick=args.quick)
+    results = run_llm_lab("theory", args.arms.split(","), args.seeds, args.out, quick=args.quick)
     print(format_llm_table(results))
     print(result_line(results))
 

@@ -117,3 +117,21 @@ def test_llm_settings_are_validated():
     with pytest.raises(ValueError, match="max_new_tokens"):
         LLMSettings(max_new_tokens=0)
     assert isinstance(QUICK, LLMSettings) and QUICK.steps == LLM_QUICK["steps"]
+
+
+def test_scope_lab_llm_options_fail_clearly(tmp_path):
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+
+    runner = CliRunner()
+    config = tmp_path / "llm.yaml"
+    config.write_text("steps: 3\nmax_new_token: 16\n")
+    bad_key = runner.invoke(app, ["lab", "--policy", "llm", "--config", str(config), "--out", str(tmp_path / "a")])
+    assert bad_key.exit_code == 2 and "max_new_token" in bad_key.output and "Traceback" not in bad_key.output
+    table_quick = runner.invoke(app, ["lab", "--quick", "--out", str(tmp_path / "b")])
+    assert table_quick.exit_code == 2 and "--policy llm" in table_quick.output
+    unknown = runner.invoke(app, ["lab", "--policy", "transformer", "--out", str(tmp_path / "c")])
+    assert unknown.exit_code == 2 and "table or llm" in unknown.output
+    bad_arm = runner.invoke(app, ["lab", "--policy", "llm", "--arms", "single,nope", "--out", str(tmp_path / "d")])
+    assert bad_arm.exit_code == 2 and "nope" in bad_arm.output
