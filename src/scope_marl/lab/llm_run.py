@@ -102,7 +102,7 @@ def run_llm_lab(
                 f"strategy entropy {f['strategy_entropy']:.3f}  other {f['strategy_shares']['other']:.2f}"
             )
         for run in runs:
-            for point in run["curve"]:
+            for point in [*run["curve"], run["start"], run["final"]]:  # separate dicts once read back from result.json
                 point["other_share"] = point["strategy_shares"]["other"]
         per_arm[arm] = {"summary": summarize(runs, LLM_METRICS), "runs": runs}
     paired_with_single(per_arm)
