@@ -108,6 +108,9 @@ def test_quick_run_writes_the_report_and_refuses_other_settings(talky_chat, tmp_
     assert [p["step"] for p in r["cotrain"]["curve"]] == [0, 2, 4]
     assert results["max_logprob_gap"] < 1e-4
     assert "## Example messages" in (out / "report.md").read_text()
+    # Run again: every finished run is read back from its result.json, summarized the same way.
+    again = run_llm_lab("theory", ["single", "vs_prob", "cotrain"], 2, out, quick=True, settings=QUICK, chat=talky_chat, log=lines.append)
+    assert again["results"] == json.loads(json.dumps(results["results"]))
     # The same directory with other settings would mix two experiments.
     with pytest.raises(SettingsMismatch, match="lr"):
         run_llm_lab("theory", ["single"], 2, out, quick=True, settings=QUICK.replace(lr=0.5), chat=talky_chat)
