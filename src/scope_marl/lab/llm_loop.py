@@ -96,6 +96,7 @@ def evaluate_llm(agent: LLMAgent, game: Game, panel: list, s: LLMSettings) -> di
         "per_simulator": {name: r for (name, _, _), r in zip(panel, per_member)},
         "strategy_entropy": strategies["entropy"],
         "strategy_shares": strategies["shares"],
+        "other_share": strategies["shares"][OTHER],
         "distinct2": distinct_n(texts, 2) or 0.0,
         "message_tokens": turns.tokens / max(1, len(texts)),
         "examples": [{"messages": turns.messages[i], "strategies": labels[i]} for i in range(0, len(members) * s.eval_group_size, 7)][

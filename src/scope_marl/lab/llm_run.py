@@ -99,11 +99,8 @@ def run_llm_lab(
             f = run["final"]
             log(
                 f"[lab-llm {game}] {arm:10s} seed {seed}: train {f['train_reward']:.3f}  held-out {f['heldout_reward']:.3f}  "
-                f"strategy entropy {f['strategy_entropy']:.3f}  other {f['strategy_shares']['other']:.2f}"
+                f"strategy entropy {f['strategy_entropy']:.3f}  other {f['other_share']:.2f}"
             )
-        for run in runs:
-            for point in [*run["curve"], run["start"], run["final"]]:  # separate dicts once read back from result.json
-                point["other_share"] = point["strategy_shares"]["other"]
         per_arm[arm] = {"summary": summarize(runs, LLM_METRICS), "runs": runs}
     paired_with_single(per_arm)
     results = {
