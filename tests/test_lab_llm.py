@@ -4,19 +4,23 @@ resume after a crash, settings checks and the whole quick run with its report.""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from scope_marl.config.train import LearnerConfig
+from scope_marl.lab import llm_agent
 from scope_marl.lab.arms import LLM_QUICK, LLM_SETTINGS, LLMSettings
+from scope_marl.lab.classifier import OTHER, StrategyClassifier
 from scope_marl.lab.episodes import play
 from scope_marl.lab.games import load_game
-from scope_marl.lab.llm_agent import REPLIES, ROLE, LLMAgent
+from scope_marl.lab.llm_agent import REPLIES, ROLE, UNCLEAR_ACT, UNCLEAR_REPLIES, LLMAgent
 from scope_marl.lab.llm_loop import RESULT_FILE, evaluate_llm, reset_adapter, train_llm_arm
 from scope_marl.lab.llm_run import SettingsMismatch, run_llm_lab
+from scope_marl.lab.loop import update_simulator
 from scope_marl.lab.panel import HELDOUT_PANEL, build_panel, load_panel
-from scope_marl.lab.simulators import FrozenActs
+from scope_marl.lab.simulators import FrozenActs, TrainableActs
 from scope_marl.training.learner import Learner
 
 QUICK = LLM_SETTINGS["theory"].replace(**LLM_QUICK, max_new_tokens=12)
@@ -27,27 +31,52 @@ def game():
     return load_game("theory")
 
 
+class LengthClassifier(StrategyClassifier):
+    """A fake for the language only: the tiny random-weight model writes no words, so the real
+    patterns would call every message ``other`` and the simulators would never be asked. Placing a
+    message by its length mod (strategies + 1) gives every path (each strategy, and ``other``) real
+    traffic; the real rules are tested on real sentences in tests/test_lab_classifier.py."""
+
+    def classify(self, text: str) -> str:
+        names = [*self.strategies, OTHER]
+        return names[len(text) % len(names)]
+
+
+@pytest.fixture(autouse=True)
+def placeable(monkeypatch):
+    monkeypatch.setattr(llm_agent, "StrategyClassifier", LengthClassifier)
+
+
 def test_llm_dialogues_record_exact_streams(talky_chat, game):
     reset_adapter(talky_chat, QUICK, seed=0)
     agent = LLMAgent(talky_chat, game, max_new_tokens=12)
     generator = torch.Generator().manual_seed(3)
     turns = agent.batch(12, seed=5)
-    d = play(game, turns, FrozenActs.sharpened(game, 4.0, 0.0), torch.tensor([0, 1, 2]), 4, generator)
+    d = play(game, turns, FrozenActs.sharpened(game, 4.0, 0.0), torch.tensor([0, 1, 2]), 4, generator, unclear_act=agent.unclear_act)
     turns.close()
-    # One message per real turn, labelled by the classifier; an unplaceable one plays some strategy.
+    # One message per real turn, labelled by the classifier; an unplaceable one plays no strategy
+    # (-1): the user says the unclear act, which is no simulator's turn.
     assert [len(m) for m in turns.messages] == d.mask.sum(1).tolist()
+    unclear = 0
     for i, row in enumerate(turns.messages):
         for t, text in enumerate(row):
             label = int(turns.labels[i, t])
             assert label == agent.classifier.index(text)
             if label < len(game.strategies):
-                assert int(d.strategies[i, t]) == label
-    # The user's acts came back as reply texts of the act's table, in the agent's next prompt.
+                assert int(d.strategies[i, t]) == label and bool(d.user_turns[i, t])
+            else:
+                unclear += 1
+                assert int(d.strategies[i, t]) == -1 and not bool(d.user_turns[i, t])
+                assert game.acts[int(d.acts[i, t])] == UNCLEAR_ACT["theory"] and float(d.user_logp[i, t]) == 0.0
+    assert 0 < unclear < int(d.mask.sum()), "the tiny model should write both placeable and unplaceable messages"
+    # The user's acts came back as reply texts (the act's table, or a puzzled reply after an
+    # unclear message) in the agent's next prompt.
     prompts = [talky_chat.decode(b.context_ids) for b in turns.builders]
     for i in range(12):
         for t in range(int(d.mask[i].sum()) - 1):
-            act = game.acts[int(d.acts[i, t])]
-            assert any(text in prompts[i] for text in REPLIES[act])
+            was_unclear = int(turns.labels[i, t]) == len(game.strategies)
+            texts = UNCLEAR_REPLIES if was_unclear else REPLIES[game.acts[int(d.acts[i, t])]]
+            assert any(text in prompts[i] for text in texts)
     # The learner scores exactly the sampled ids with the recorded log-probs (on-policy exactness).
     episodes = turns.episodes(d.rewards, d.group_ids, d.simulators, 4)
     assert [e.streams[ROLE].reward for e in episodes] == d.rewards.tolist()
@@ -138,3 +167,19 @@ def test_scope_lab_llm_options_fail_clearly(tmp_path):
     assert unknown.exit_code == 2 and "table or llm" in unknown.output
     bad_arm = runner.invoke(app, ["lab", "--policy", "llm", "--arms", "single,nope", "--out", str(tmp_path / "d")])
     assert bad_arm.exit_code == 2 and "nope" in bad_arm.output
+
+
+def test_unclear_turns_are_not_the_simulators_to_learn_from(talky_chat, game):
+    """A co-trained user learns only from the turns it answered: the same dialogues with every
+    message unclear leave its logits where they were, and the real ones move them."""
+    reset_adapter(talky_chat, QUICK, seed=0)
+    agent = LLMAgent(talky_chat, game, max_new_tokens=12)
+    user = TrainableActs(FrozenActs.sharpened(game, 4.0, 0.0))
+    turns = agent.batch(8, seed=1)
+    d = play(game, turns, user, torch.tensor([0, 1]), 4, torch.Generator().manual_seed(2), unclear_act=agent.unclear_act)
+    turns.close()
+    assert d.user_turns.any() and (d.mask & ~d.user_turns).any()
+    for dialogues, moves in ((replace(d, strategies=torch.full_like(d.strategies, -1)), False), (d, True)):
+        before = user.logits.detach().clone()
+        update_simulator(user, torch.optim.Adam([user.logits], lr=0.1), dialogues, QUICK)
+        assert (not torch.equal(before, user.logits.detach())) == moves

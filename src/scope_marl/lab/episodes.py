@@ -8,7 +8,10 @@ turn, ``mask`` marking the real turns (a dialogue may end early on a terminal ac
 
 The agent is anything with ``choose(turn, previous, alive, generator) -> (strategy, logp, entropy)``:
 the tabular :class:`StrategyPolicy`, or the LLM agent of ``llm_agent.py`` (which writes a message per
-live dialogue and classifies it), so both are played by this one loop.
+live dialogue and classifies it), so both are played by this one loop. An LLM message may play no
+strategy at all (strategy ``-1``, the classifier's ``other``): the simulator is not asked, the user
+says the game's ``unclear_act`` instead (the turn is spent without persuading), and such turns are
+left out of the simulator's own updates (:attr:`Dialogues.user_turns`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ class Dialogues:
     group_ids: list[str]  # [n]
     simulators: list[str]  # one simulator id per group
 
+    @property
+    def user_turns(self) -> Tensor:
+        """[n, T] bool: the turns the simulator answered (real turns whose message played a strategy)."""
+        return self.mask & (self.strategies >= 0)
+
     def mean_entropy(self) -> float:
         return float(self.agent_entropy[self.mask].mean())
 
@@ -58,8 +66,15 @@ def play(
     group_size: int,
     generator: torch.Generator,
     first_group: int = 0,
+    unclear_act: int | None = None,
 ) -> Dialogues:
-    """``len(personas)`` groups of ``group_size`` dialogues; group g faces ``simulator.for_group(first_group + g)``."""
+    """``len(personas)`` groups of ``group_size`` dialogues; group g faces ``simulator.for_group(first_group + g)``.
+
+    ``unclear_act`` is the user's act after a message that played no strategy (strategy ``-1``);
+    an agent that can return ``-1`` must name it.
+    """
+    if unclear_act is not None and bool(game.terminal[unclear_act]):
+        raise ValueError(f"unclear_act {game.acts[unclear_act]!r} ends the dialogue; an unclear message must not end it")
     groups = len(personas)
     n, T = groups * group_size, game.turns
     persona = personas.repeat_interleave(group_size)
@@ -90,16 +105,25 @@ def play(
     with torch.no_grad():
         for t in range(T):
             strategy, logp, entropy = policy.choose(t, previous, alive, generator)
+            unclear = strategy < 0
+            if unclear.any() and unclear_act is None:
+                raise ValueError("the agent played no strategy (-1) but play() was given no unclear_act for the user's reply")
+            # Every row is still asked (as strategy 0 where unclear), so the simulators' random
+            # streams do not depend on what the agent wrote; the unclear rows' answers are replaced.
+            asked = strategy.clamp_min(0)
             acts = torch.empty(n, dtype=torch.long)
             user_logp = torch.empty(n)
             for member, rows in buckets:
                 pick = slice(None) if rows is None else rows
-                context = ActTurn(t, persona[pick], previous[pick], strategy[pick], persona_draw[pick], generator)
+                context = ActTurn(t, persona[pick], previous[pick], asked[pick], persona_draw[pick], generator)
                 response = member.respond([batch_turn(context, game)])[0]
                 acts[pick] = response.reply
                 user_logp[pick] = response.info["logp"]
                 if t == 0:
                     played[pick] = response.info["played"]
+            if unclear.any():
+                acts[unclear] = unclear_act
+                user_logp[unclear] = 0.0
             record["previous"][:, t] = previous
             record["strategies"][:, t] = strategy
             record["acts"][:, t] = acts

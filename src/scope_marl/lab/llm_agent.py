@@ -5,10 +5,13 @@ the model with the agent's adapter on a chat prompt holding the dialogue so far:
 prompt, the user's opening line, then the agent's earlier messages and the user's replies. The
 :class:`StrategyClassifier` maps the message to one of the game's strategies, and the lab's act
 simulators answer that strategy exactly as they answer the tabular policy. A message the
-classifier cannot place (``other``) is answered as a strategy drawn uniformly at random: an
-unreadable message is, to the user, no strategy in particular, so it earns what a random strategy
-earns, and its share is reported. The user's act is shown back to the agent as a reply text drawn
-from a fixed table per act (:data:`REPLIES`).
+classifier cannot place (``other``) persuades no one: the turn is spent, the simulator is not
+asked, and the user answers with the game's non-terminal "unclear" act (:data:`UNCLEAR_ACT`) shown
+as a puzzled reply (:data:`UNCLEAR_REPLIES`); its share is reported. (Answering ``other`` as a
+uniformly drawn strategy, the first rule, made garbage a lottery ticket on a direct ask, and
+single-simulator training collapsed onto unplaceable text: a classifier hack, not the paper's
+collapse.) The user's act is otherwise shown back to the agent as a reply text drawn from a fixed
+table per act (:data:`REPLIES`).
 
 Each dialogue's agent side is recorded token-in-token-out by the engine's :class:`StreamBuilder`, so
 the project's :class:`Learner` trains on exactly the sampled ids and log-probs (the on-policy
@@ -64,6 +67,11 @@ REPLIES: dict[str, tuple[str, ...]] = {
     "neutral": ("Okay.", "I see."),
     "other": ("I'm doing fine, thanks.", "Sure."),
 }
+# The user's act after a message that plays no strategy: it continues the dialogue and is worth
+# little (theory: a question left open, 0.1 at the last turn; p4g: an off-topic reply, -0.03), so
+# an unplaceable message never earns more than the turn it wastes.
+UNCLEAR_ACT = {"theory": "question", "p4g": "other"}
+UNCLEAR_REPLIES = ("Sorry, what do you mean?", "I don't follow. What are you asking me?")
 
 
 class LLMAgent:
@@ -76,6 +84,7 @@ class LLMAgent:
         if missing:
             raise ValueError(f"game {game.name!r} has user acts without reply texts: {missing}")
         self.chat, self.game, self.adapter = chat, game, adapter
+        self.unclear_act = game.acts.index(UNCLEAR_ACT[game.name])
         self.sampling = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens)
         self.classifier = StrategyClassifier(game.name, game.strategies)
         self._batches = itertools.count()
@@ -98,14 +107,16 @@ class LLMTurns:
         self.tokens = 0
 
     def choose(self, turn: int, previous: Tensor, alive: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        """Write one message per live dialogue and classify it (``episodes.Agent``). The log-prob and
-        entropy returned are the message's summed token log-prob and mean token entropy."""
+        """Write one message per live dialogue and classify it (``episodes.Agent``): the strategy's
+        index, or -1 where the message plays none (``other``). The log-prob and entropy returned are
+        the message's summed token log-prob and mean token entropy."""
         game, agent = self.agent.game, self.agent
         rows = alive.nonzero().flatten().tolist()
         if turn > 0:
             variants = torch.randint(1 << 30, (len(rows),), generator=generator).tolist()
             for i, v in zip(rows, variants):
-                texts = REPLIES[game.acts[int(previous[i])]]
+                unclear = int(self.labels[i, turn - 1]) == len(game.strategies)
+                texts = UNCLEAR_REPLIES if unclear else REPLIES[game.acts[int(previous[i])]]
                 self.views[i].append(Message(role="user", content=texts[v % len(texts)]))
         prompts = [self.builders[i].prompt(self.views[i]) for i in rows]
         generations = agent.chat.generate_ids(
@@ -117,16 +128,13 @@ class LLMTurns:
         )
         strategy = torch.zeros(self.n, dtype=torch.long)
         logp, entropy = torch.zeros(self.n), torch.zeros(self.n)
-        # "other" is answered as a uniformly drawn strategy: one uniform per live row, drawn always,
-        # so the random stream does not depend on what the model wrote.
-        fallback = torch.randint(len(game.strategies), (len(rows),), generator=generator).tolist()
-        for i, generation, random_strategy in zip(rows, generations, fallback):
+        for i, generation in zip(rows, generations):
             self.views[i].append(Message(role="assistant", content=generation.text))
             self.builders[i].add_turn(self.views[i], generation)
             self.messages[i].append(generation.text)
             label = agent.classifier.index(generation.text)
             self.labels[i, turn] = label
-            strategy[i] = label if label < len(game.strategies) else random_strategy
+            strategy[i] = label if label < len(game.strategies) else -1
             logp[i] = sum(generation.logprobs or [])
             entropy[i] = sum(generation.entropies or []) / max(1, len(generation.entropies or []))
             self.tokens += len(generation.token_ids)

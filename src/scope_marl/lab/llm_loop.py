@@ -84,7 +84,7 @@ def evaluate_llm(agent: LLMAgent, game: Game, panel: list, s: LLMSettings) -> di
     generator = torch.Generator().manual_seed(EVAL_SEED)
     turns = agent.batch(len(members) * s.eval_group_size, seed=EVAL_SEED)
     try:
-        d = play(game, turns, Assigned(members), torch.cat(personas), s.eval_group_size, generator)
+        d = play(game, turns, Assigned(members), torch.cat(personas), s.eval_group_size, generator, unclear_act=agent.unclear_act)
     finally:
         turns.close()
     per_member = d.rewards.view(len(panel), -1).mean(1).tolist()
@@ -151,7 +151,9 @@ def train_llm_arm(
         personas = torch.multinomial(game.weights, s.groups, replacement=True, generator=generator)
         turns = agent.batch(s.groups * s.group_size, seed=derive_seed(seed, step))
         try:
-            d = play(game, turns, opp.simulator, personas, s.group_size, generator, first_group=step * s.groups)
+            d = play(
+                game, turns, opp.simulator, personas, s.group_size, generator, first_group=step * s.groups, unclear_act=agent.unclear_act
+            )
         finally:
             turns.close()
         rewards.append(float(d.rewards.mean()))

@@ -49,8 +49,10 @@ def update_simulator(simulator: TrainableActs, optimizer: torch.optim.Optimizer,
     """
     advantages = group_advantages(1.0 - d.rewards, d.group_ids)
     played = d.played[:, None].expand_as(d.acts)
-    new, reference = simulator.log_probs(played, d.previous, d.strategies, d.acts)
-    loss, stats = policy_loss(new, d.user_logp, advantages, d.mask.float(), ref_logp=reference, kl_coef=s.sim_kl_coef)
+    # Only the turns the simulator answered are its own (an LLM agent's unclear message, strategy -1,
+    # got the game's fixed reply instead); the clamp only keeps the masked-out lookups in range.
+    new, reference = simulator.log_probs(played, d.previous, d.strategies.clamp_min(0), d.acts)
+    loss, stats = policy_loss(new, d.user_logp, advantages, d.user_turns.float(), ref_logp=reference, kl_coef=s.sim_kl_coef)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
