@@ -19,8 +19,11 @@ Both roles run on the same model, as in self-play / co-training.
       roofline_fraction = that time / the engine's whole wall time (templating, sampling and
       bookkeeping included). The mean context is read off the agent's streams (both roles play the
       same model with turns of the same length here).
+  (e) vLLM: when its venv exists (``scope serve vllm --install-only``) or --vllm-url names a running
+      server, the RESULT run's episodes (same tasks, seeds and sampling) are played again with both
+      roles on a vLLM CPU server, after every local run; the ``VLLM`` line gives both tok/s.
 
-Run: python bench/rollout_throughput.py [--quick] [--sizes 64]
+Run: python bench/rollout_throughput.py [--quick] [--sizes 64] [--vllm auto|yes|no] [--vllm-url URL]
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from pathlib import Path
 
 import torch
 
+from scope_marl.backends.base import BackendError
 from scope_marl.backends.embedded import load_embedded
 from scope_marl.backends.seat import Seat
+from scope_marl.backends.vllm_server import default_venv, has_vllm, running_server
 from scope_marl.config import RolloutConfig
 from scope_marl.core.machine import gemm_gflops, last_level_cache_bytes, memory_read_gbps
 from scope_marl.core.types import Message, SamplingParams
@@ -80,12 +86,29 @@ def naive(chat, env, tasks) -> tuple[int, float]:
     return tokens, time.perf_counter() - started
 
 
-def engine_run(chat, env, concurrent: int, seed: int) -> dict:
+def make_engine(model, env, concurrent: int, seed: int) -> tuple[RolloutEngine, list]:
+    """The engine and tasks of one run: ``concurrent`` episodes, both roles on ``model``."""
     group_size = 4 if concurrent >= 16 else 1  # GRPO-shaped: several rollouts per task
     tasks = env.tasks("train")[: concurrent // group_size]
-    simulator = FrozenSimulator(chat, SAMPLING, simulator_id="frozen-self")
+    simulator = FrozenSimulator(model, SAMPLING, simulator_id="frozen-self")
     config = RolloutConfig(group_size=group_size, max_concurrent=concurrent, seed=seed, on_turn_limit="continue", progress=False)
-    engine = RolloutEngine(env, Seat(model=chat, sampling=SAMPLING, trainable=True), simulator, config)
+    return RolloutEngine(env, Seat(model=model, sampling=SAMPLING, trainable=True), simulator, config), tasks
+
+
+def vllm_tok_s(url: str, env, concurrent: int, seed: int) -> float:
+    """Generated tok/s of the same episodes (tasks, seeds, sampling) with both roles on a vLLM server."""
+    from scope_marl.backends import load_backend
+
+    remote = load_backend(f"vllm:embedded@{url}")
+    remote.generate_ids([[1, 2, 3]], SAMPLING.model_copy(update={"max_new_tokens": 4}))  # warm-up, untimed
+    engine, tasks = make_engine(remote, env, concurrent, seed)
+    episodes = engine.run(tasks)
+    assert len(episodes) == concurrent, "every episode must finish"
+    return engine.stats.generated_tokens / engine.stats.seconds
+
+
+def engine_run(chat, env, concurrent: int, seed: int) -> dict:
+    engine, tasks = make_engine(chat, env, concurrent, seed)
     hits, misses = chat.prefix_cache.hits, chat.prefix_cache.misses
     before, steps_before = dict(chat.timings), chat.steps_by_rows.copy()
     episodes = engine.run(tasks)
@@ -129,6 +152,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--naive-episodes", type=int, default=2)
     parser.add_argument("--sizes", type=int, nargs="+", help="concurrency levels to run (default 8 32 64 128; the RESULT line reports 64)")
+    parser.add_argument(
+        "--vllm",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="also play the RESULT run's episodes on vLLM (auto: when its venv has it)",
+    )
+    parser.add_argument("--vllm-venv", type=Path, default=default_venv("cpu"), help="vLLM's venv (scope serve vllm --install-only)")
+    parser.add_argument("--vllm-url", default=None, help="a running vLLM server serving the embedded model as 'embedded'")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -192,6 +223,14 @@ def main() -> None:
     r = runs[at]
     engine_tok_s = r["tokens"] / r["seconds"]
     print()
+    use_vllm = args.vllm == "yes" or (args.vllm == "auto" and (args.vllm_url is not None or has_vllm(args.vllm_venv)))
+    if use_vllm:
+        # After every local run, so the server never competes with the engine for the cores; its start-up is not timed.
+        with running_server(args.vllm_url, args.vllm_venv) as url:
+            remote = vllm_tok_s(url, env, at, seed=sizes.index(at))
+        print(f"VLLM concurrent={at} engine_tok_s={engine_tok_s:.2f} vllm_tok_s={remote:.2f} engine_over_vllm={engine_tok_s / remote:.2f}")
+    else:
+        print(f"vLLM: not measured (no vLLM in {args.vllm_venv}; `scope serve vllm --install-only`, or --vllm-url)")
     print(
         f"RESULT naive_tok_s={naive_tok_s:.2f} engine_tok_s={engine_tok_s:.2f} ratio={engine_tok_s / naive_tok_s:.2f} "
         f"bound_fraction={engine_tok_s / bound:.3f} roofline_fraction={r['perfect_s'] / r['seconds']:.3f} peak_rss_mb={r['peak_rss_mb']}"
@@ -199,4 +238,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BackendError as error:  # the server would not start or answer: say why, no traceback
+        raise SystemExit(f"error: {error}") from None

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from scope_marl.backends import load_backend
+from scope_marl.backends.base import BackendError
 from scope_marl.backends.seat import Seat
-from scope_marl.backends.vllm_server import default_venv, has_vllm, model_source, server_command, start_server, venv_python, wait_ready
+from scope_marl.backends.vllm_server import default_venv, running_server
 from scope_marl.config import LearnerConfig, RolloutConfig
 from scope_marl.core.machine import gemm_gflops
 from scope_marl.core.types import SamplingParams
@@ -69,28 +67,10 @@ def main() -> None:
     tasks = PersuasionForGood(max_exchanges=3, word_limit=30).tasks("test")[: args.tasks]
     episodes, engine_s, engine_tokens = play(local, tasks, args.group, seed=0)
 
-    server = None
-    url = args.url
-    if url is None:
-        if not has_vllm(Path(args.venv)):
-            raise SystemExit(f"no vLLM in {args.venv}: run `scope serve vllm --install-only` first, or pass --url")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        weights, served = model_source("embedded")
-        log = Path(tempfile.mkdtemp(prefix="vllm-bench-")) / "server.log"
-        server = start_server(server_command(venv_python(Path(args.venv)), weights, served, "127.0.0.1", port, "cpu", 16, 4, 2048), log)
-        url = f"http://127.0.0.1:{port}"
-        print(f"vLLM server starting ({log})")
-    try:
-        wait_ready(url, server)
+    with running_server(args.url, Path(args.venv)) as url:
         remote = load_backend(f"vllm:embedded@{url}")
         remote.generate_ids([[1, 2, 3]], SAMPLING.model_copy(update={"max_new_tokens": 4}))  # warm-up, untimed
         remote_episodes, vllm_s, vllm_tokens = play(remote, tasks, args.group, seed=0)
-    finally:
-        if server is not None:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(60)
 
     learner = Learner(local, AGENT, None, SAMPLING.temperature, LearnerConfig(kl_coef=0.0))
     streams = [e.streams[AGENT] for e in remote_episodes if e.streams.get(AGENT) and e.streams[AGENT].logprobs]
@@ -113,4 +93,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BackendError as error:  # the server would not start or answer: say why, no traceback
+        raise SystemExit(f"error: {error}") from None

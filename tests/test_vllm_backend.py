@@ -245,3 +245,32 @@ def test_real_server_p4g_rollout_and_a_co_training_step_with_adapters_pushed(vll
     assert all(v.endswith("-v1") for v in sampler._served.values())  # pushed after step 1's update
     versions = sorted(p.name for p in (tmp_path / "run" / "sampler-adapters").iterdir())
     assert versions == ["agent-v1", "simulator-v1"]
+
+
+def test_a_bench_server_is_a_given_url_or_a_clear_error_without_vllm(tmp_path):
+    """``running_server``: a URL that answers /v1/models is used as it is (nothing started); with no
+    URL and no vLLM in the venv, the error names the install command."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from scope_marl.backends.vllm_server import running_server
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def log_message(self, *args):
+            pass
+
+    http = HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{http.server_port}"
+    try:
+        with running_server(url, tmp_path / "no-venv") as got:
+            assert got == url
+    finally:
+        http.shutdown()
+    with pytest.raises(BackendError, match="scope serve vllm --install-only"), running_server(None, tmp_path / "no-venv"):
+        pass

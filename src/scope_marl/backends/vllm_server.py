@@ -14,9 +14,14 @@ float32 on the CPU, and the model served under the name clients use in ``vllm:NA
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -104,3 +109,29 @@ def wait_ready(url: str, process: subprocess.Popen | None = None, timeout_s: flo
             pass
         time.sleep(1.0)
     raise BackendError(f"the vLLM server at {url} was not ready within {timeout_s:.0f} s")
+
+
+@contextmanager
+def running_server(url: str | None, venv: Path, model: str = "embedded", log=print) -> Iterator[str]:
+    """The base URL of a ready vLLM server serving ``model`` on the CPU: ``url`` itself when given (a
+    running server), else a server started from ``venv`` on a free loopback port, stopped on exit.
+    For benches; ``scope serve vllm`` is the way to run one for training."""
+    server = None
+    if url is None:
+        if not has_vllm(Path(venv)):
+            raise BackendError(f"no vLLM in {venv}: run `scope serve vllm --install-only` first, or pass the URL of a running server")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        weights, served = model_source(model)
+        log_path = Path(tempfile.mkdtemp(prefix="vllm-server-")) / "server.log"
+        server = start_server(server_command(venv_python(Path(venv)), weights, served, "127.0.0.1", port, "cpu", 16, 4, 2048), log_path)
+        url = f"http://127.0.0.1:{port}"
+        log(f"vLLM server starting ({log_path})")
+    try:
+        wait_ready(url, server)
+        yield url
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(60)
