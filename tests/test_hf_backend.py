@@ -308,14 +308,17 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_the_same_samples(tiny_chat, m
     sampling = SamplingParams(temperature=0.8, max_new_tokens=10)
     whole = solo(tiny_chat, prompt, sampling, 7)
     chunks = []
-    prefill = decode_session.DecodeSession._prefill
+    run = decode_session.DecodeSession._run
     monkeypatch.setattr(decode_session, "PREFILL_BUDGET", 16)
-    monkeypatch.setattr(decode_session.DecodeSession, "_prefill", lambda self, items: chunks.append(items[0][3]) or prefill(self, items))
+    monkeypatch.setattr(
+        decode_session.DecodeSession, "_run", lambda self, decode, parts, *rest: chunks.extend(parts) or run(self, decode, parts, *rest)
+    )
     chunked = solo(tiny_chat, prompt, sampling, 7)
-    assert chunks == [0, 16, 32, 48], "chunks of 16 tokens, each starting from the states kept so far"
+    assert [(start, count) for _, start, count in chunks] == [(0, 16), (16, 16), (32, 16), (48, 2)], (
+        "chunks of at most 16 tokens, each appended to the states its slot holds"
+    )
     assert chunked.token_ids == whole.token_ids
     assert chunked.logprobs == pytest.approx(whole.logprobs, abs=1e-5)
-    assert len(tiny_chat.prefix_cache) == 0, "the chunks' private states are released"
 
 
 def test_a_session_refuses_bad_prompts_one_by_one(tiny_chat):

@@ -250,7 +250,7 @@ def test_an_episode_samples_the_same_tokens_alone_or_beside_its_group(talky_chat
 def test_a_decoding_step_that_raises_fails_only_the_turns_in_it_and_later_turns_decode_again(talky_chat, monkeypatch):
     """The model fails once mid-step: the turns in that session are FAILED with the error, episodes
     admitted later play in a fresh session, and the run returns every episode."""
-    forward, calls = talky_chat.forward, []
+    forward, calls = talky_chat.forward_step, []
 
     def flaky(*args, **kwargs):
         calls.append(1)
@@ -258,7 +258,7 @@ def test_a_decoding_step_that_raises_fails_only_the_turns_in_it_and_later_turns_
             raise RuntimeError("out of memory in the decode step")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(talky_chat, "forward", flaky)
+    monkeypatch.setattr(talky_chat, "forward_step", flaky)
     simulator = FrozenSimulator(ScriptedChatModel(["sure", "why?"]), simulator_id="scripted")
     engine = engine_for(talky_chat, simulator=simulator, group_size=2, max_concurrent=2, seed=3)
     episodes = engine.run(engine.env.tasks("train")[:2])

@@ -5,6 +5,9 @@ query, transformers' ``sdpa`` attention on CPU repeats each key/value head 3 tim
 single-query path avoids that): a copy of every layer's cached keys and values per forward pass,
 3x their size. torch's SDPA takes grouped heads itself (``enable_gqa``), so that case goes straight
 to it; every other case is transformers' own ``sdpa``. Same kernel, same numbers, no copy.
+
+A continuous-batching step (``backends.kv_cache``) passes its cache as ``kv_slots``: the cache
+then computes each token's attention over that token's own slot.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ NAME = "sdpa_gqa"
 
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    slots = kwargs.get("kv_slots")
+    if slots is not None:  # a packed continuous-batching step: each token attends over its own cache slot
+        return slots.attend(module.layer_idx, query, scaling), None
 
     grouped = key.shape[1] != query.shape[1]
     if not grouped or query.shape[2] == 1 or attention_mask is None or kwargs.get("position_bias") is not None:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from scope_marl.backends.base import BackendError, ContextLengthError, FinishReason, Generation, SamplingParams, check_adapters
-from scope_marl.backends.kv_cache import PrefillCache, RowCache
+from scope_marl.backends.kv_cache import RowCache
 from scope_marl.backends.prefix_cache import CachedPrefix, common_prefix
 from scope_marl.backends.sampling import sample_next
 from scope_marl.core.seeds import scrambled
@@ -62,20 +62,10 @@ class Row:
     finish: FinishReason = "length"
     generator: torch.Generator | None = None  # the row's own random stream (per-episode seeds)
     on_token: Callable[[int], None] | None = None  # told each sampled id as it is sampled (streaming)
-    private_key: bool = False  # a key made up to carry a chunked prefill; released at the end
-
-
-@dataclass
-class Prefilled:
-    """A prefill's result: per row its states (per layer ``[kv_heads, n, head_dim]``) and next-token logits."""
-
-    keys: list[list[torch.Tensor]]  # views into the prefill's buffers
-    values: list[list[torch.Tensor]]
-    logits: torch.Tensor
-
-    def copies(self, j: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Row ``j``'s states as tensors of their own (to store; a view would keep the whole batch alive)."""
-        return [k.clone() for k in self.keys[j]], [v.clone() for v in self.values[j]]
+    slot: int = -1  # its cache slot once admitted
+    filled: int = 0  # prompt tokens whose states are in its slot (the prompt is in when all are)
+    twin: Row | None = None  # an identical prompt admitted with it: its states are copied from there
+    decoding: bool = False  # sampled a token this step that the step's forward must run
 
 
 class DecodeSession:
@@ -94,6 +84,7 @@ class DecodeSession:
         self.pending: deque[Row] = deque()
         self.slots: list[Row | None] = []  # the row in each cache slot; None = free
         self.logits: torch.Tensor | None = None  # next-token logits per slot (rows of free slots unused)
+        self._next_tokens = torch.full((self.max_rows,), chat.pad_id, dtype=torch.long, device=self.device)  # per slot
 
     # ---- public ------------------------------------------------------------------------------
     def add(
@@ -132,68 +123,60 @@ class DecodeSession:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Any, Generation]]:
-        """Admit what fits, sample one token per live row, decode the rows that go on. Returns the
-        rows that finished in this step as ``(tag, generation)``."""
-        self._admit()
-        live = [s for s, r in enumerate(self.slots) if r is not None]
-        if not live:
-            return []
-        finished = self._sample(live)
+        """Sample one token for every row whose logits are ready, admit what fits, then run one
+        packed forward: the next token of every row that goes on and the prefill chunks of this
+        step. Returns the rows that finished in this step as ``(tag, generation)``."""
+        finished = self._sample()
         done = [self._retire(slot) for slot in finished]
+        self._admit()
         self._compact()
-        if any(r is not None for r in self.slots):
-            self._decode()
+        self._forward()
         return done
 
-    # ---- admission and prefill ---------------------------------------------------------------
+    # ---- admission ---------------------------------------------------------------------------
     def _admit(self) -> None:
+        """Give pending prompts free slots, each with the states its key has stored (copied in once);
+        what is left of the prompt is prefilled in the step's chunks. Identical prompts admitted
+        together (a GRPO group's rollouts) are prefilled once and their states copied."""
         free = [s for s, r in enumerate(self.slots) if r is None] + list(range(len(self.slots), self.max_rows))
         if not self.pending or not free:
             return
         chat = self.chat
-        self._share_openings()
-        taken: list[tuple[Row, int]] = []  # (row, its item in the prefill)
-        # Identical prompts (a GRPO group's rollouts) are prefilled once and their states copied.
-        items: list[tuple[list[int], str | None, CachedPrefix | None, int]] = []
-        item_of: dict[tuple, int] = {}
-        budget = PREFILL_BUDGET
-        while self.pending and len(taken) < len(free):
-            row = self.pending[0]
-            past, reused = chat.prefix_cache.reusable(row.key, row.prompt, row.adapter)
-            same = (tuple(row.prompt), row.adapter, id(past), reused)
-            fresh = 0 if same in item_of else len(row.prompt) - reused
-            if taken and fresh > budget:
-                break
-            if fresh > PREFILL_BUDGET:  # a long prompt alone: prefill a chunk, keep its states, go on next step
-                self._prefill_chunk(row, past, reused)
-                break
-            if same in item_of:
+        self._share_openings(free[0])
+        budget = PREFILL_BUDGET - sum(len(r.prompt) - r.filled for r in self.slots if r is not None and r.twin is None)
+        taken: list[tuple[Row, CachedPrefix | None]] = []
+        first_of: dict[tuple, Row] = {}
+        while self.pending and len(taken) < len(free) and budget > 0:
+            row = self.pending.popleft()
+            past, row.filled = chat.prefix_cache.reusable(row.key, row.prompt, row.adapter)
+            same = (tuple(row.prompt), row.adapter, id(past), row.filled)
+            first = first_of.get(same)
+            if first is not None and len(first.prompt) - first.filled <= PREFILL_BUDGET:
+                row.twin = first
                 chat.prefix_cache.hits += len(row.prompt)
             else:
-                item_of[same] = len(items)
-                items.append((row.prompt, row.adapter, past, reused))
-            taken.append((self.pending.popleft(), item_of[same]))
-            budget -= fresh
-        if not taken:
-            return
-        pre = self._prefill(items)
+                first_of[same] = row
+                budget -= len(row.prompt) - row.filled
+                chat.prefix_cache.hits += row.filled
+            taken.append((row, past))
         slots = free[: len(taken)]
         occupied = sum(r is not None for r in self.slots)
         wanted = min(self.max_rows, occupied + len(taken) + len(self.pending))  # grow slots once for what is queued
         self.cache.reserve(max(max(slots) + 1, wanted), max(len(r.prompt) + r.limit for r, _ in taken))
         while len(self.slots) <= max(slots):
             self.slots.append(None)
-        if self.logits is None:  # one row per possible slot, allocated once
-            self.logits = torch.zeros(self.max_rows, pre.logits.shape[-1], device=self.device)
-        for (row, j), slot in zip(taken, slots):
-            self.cache.put(slot, pre.keys[j], pre.values[j])
+        for (row, past), slot in zip(taken, slots):
             self.slots[slot] = row
-            self.logits[slot] = pre.logits[j]
+            row.slot = slot
+            if past is not None and row.twin is None:
+                self._timed("copy_s", self.cache.put, slot, past.keys, past.values, row.filled)
+            else:
+                self.cache.free(slot)
 
-    def _share_openings(self) -> None:
-        """Prefill once the opening that several waiting new conversations share (same adapter, at
-        least MIN_SHARED_PREFIX common leading tokens no stored state covers yet), and keep it shared:
-        each row then prefills only the rest of its prompt."""
+    def _share_openings(self, slot: int) -> None:
+        """Prefill once (in free slot ``slot``, then kept as a shared prefix) the opening that several
+        waiting new conversations share (same adapter, at least MIN_SHARED_PREFIX common leading
+        tokens no stored state covers yet): each row then prefills only the rest of its prompt."""
         cache = self.chat.prefix_cache
         fresh: dict[tuple, list[Row]] = {}
         for row in self.pending:
@@ -207,62 +190,24 @@ class DecodeSession:
                 continue
             head = members[0].prompt
             length = min(common_prefix(np.asarray(head), r.prompt, len(r.prompt) - 1) for r in members)
+            self.cache.reserve(slot + 1, length)
+            self.cache.free(slot)
+            for start in range(0, length, PREFILL_BUDGET):  # alone, chunk by chunk, before anything else runs
+                count = min(PREFILL_BUDGET, length - start)
+                self._run([], [(slot, start, count)], head[start : start + count], [adapter] * count, [])
             key = ("shared-opening", adapter, length)
-            pre = self._prefill([(head[:length], adapter, None, 0)])
-            cache.store(key, CachedPrefix(head[:length], adapter, *pre.copies(0)))
+            cache.store(key, CachedPrefix(head[:length], adapter, *self.cache.states(slot)))
             cache.share(key)
+            self.cache.free(slot)
 
-    def _prefill_chunk(self, row: Row, past: CachedPrefix | None, reused: int) -> None:
-        if row.key is None:
-            row.key, row.private_key = ("chunked-prefill", id(row)), True
-        end = reused + PREFILL_BUDGET
-        pre = self._prefill([(row.prompt[:end], row.adapter, past, reused)])
-        self.chat.prefix_cache.store(row.key, CachedPrefix(row.prompt[:end], row.adapter, *pre.copies(0)))
-
-    def _prefill(self, items: list[tuple[list[int], str | None, CachedPrefix | None, int]]) -> Prefilled:
-        """Run ``(prompt, adapter, cached prefix, tokens it covers)`` items through the model together:
-        cached columns restored, the rest computed. Queries are left-padded; each row's states sit in
-        columns ``[0, len(prompt))`` (``PrefillCache``), so a row computes the same numbers alone or
-        batched."""
-        chat = self.chat
-        cfg = chat.model.config
-        clock = time.perf_counter()
-        reused = torch.tensor([r for _, _, _, r in items], device=self.device)
-        fresh = torch.tensor([len(p) for p, _, _, _ in items], device=self.device) - reused
-        width = int(fresh.max())
-        pad = width - fresh  # padding queries at the front of each row
-        t = torch.arange(width, device=self.device)[None, :]
-        real = t >= pad[:, None]
-        # Real query t writes column reused + (t - pad); padding queries write past the row's end.
-        write = torch.where(real, reused[:, None] + t - pad[:, None], reused[:, None] + fresh[:, None] + t)
-        columns = int((reused + width).max())
-        cache = PrefillCache(cfg.num_hidden_layers, self.cache.kv_heads, self.cache.head_dim, write, columns, torch.float32, self.device)
-        ids = torch.full((len(items), width), chat.pad_id, dtype=torch.long, device=self.device)
-        for j, (prompt, _, past, n) in enumerate(items):
-            ids[j, width - len(prompt) + n :] = torch.tensor(prompt[n:], dtype=torch.long)
-            if past is not None:
-                for layer in range(cfg.num_hidden_layers):
-                    cache.keys[layer][j, :, :n] = past.keys[layer][:, :n]
-                    cache.values[layer][j, :, :n] = past.values[layer][:, :n]
-        chat.prefix_cache.hits += int(reused.sum())
-        chat.prefix_cache.misses += int(fresh.sum())
-        cols = torch.arange(columns, device=self.device)[None, None, :]
-        own = write[:, :, None]
-        # A real query sees its row's columns up to its own; a padding query only its own column
-        # (a fully masked row would make SDPA return NaN).
-        mask = torch.where(real[:, :, None], cols <= own, cols == own)[:, None]
-        positions = torch.where(real, write, 0)
-        names = chat.adapter_names([a for _, a, _, _ in items])
-        logits = chat.forward(cache, ids, positions, mask, names)
-        keys = [[k[j, :, : len(p)] for k in cache.keys] for j, (p, _, _, _) in enumerate(items)]
-        values = [[v[j, :, : len(p)] for v in cache.values] for j, (p, _, _, _) in enumerate(items)]
-        chat.timings["prefill_s"] += time.perf_counter() - clock
-        return Prefilled(keys, values, logits)
-
-    # ---- decoding ----------------------------------------------------------------------------
-    def _sample(self, live: list[int]) -> list[int]:
-        """Sample one token for each live slot; returns the slots whose row finished."""
+    # ---- sampling ----------------------------------------------------------------------------
+    def _sample(self) -> list[int]:
+        """Sample one token for each row whose prompt is in (its logits are ready); returns the
+        slots whose row finished. The others decode their token in this step's forward."""
         chat, sampling = self.chat, self.sampling
+        live = [s for s, r in enumerate(self.slots) if r is not None and r.filled == len(r.prompt)]
+        if not live:
+            return []
         clock = time.perf_counter()
         contiguous = live[-1] == len(live) - 1
         logits = self.logits[: len(live)] if contiguous else self.logits[torch.tensor(live, device=self.device)]
@@ -273,7 +218,6 @@ class DecodeSession:
         tok, lp, ent = sample_next(logits, sampling, streams)
         chat.timings["sample_s"] += time.perf_counter() - clock
         finished = []
-        self._next_tokens = torch.full((len(self.slots),), chat.pad_id, dtype=torch.long, device=self.device)
         for slot, row, t, logprob, e in zip(live, rows, tok.tolist(), lp.tolist(), ent.tolist()):
             row.out.append(t)
             row.logprobs.append(logprob)
@@ -287,15 +231,82 @@ class DecodeSession:
                 finished.append(slot)
             else:
                 self._next_tokens[slot] = t
+                row.decoding = True
         return finished
+
+    # ---- the packed forward ------------------------------------------------------------------
+    def _forward(self) -> None:
+        """One forward for the step: every decoding row's token, then prefill chunks (rows already
+        in slots first, at most PREFILL_BUDGET tokens in all, a long prompt a chunk per step);
+        twins get their first's states and logits once its prompt is in."""
+        decode = [s for s, r in enumerate(self.slots) if r is not None and r.decoding]
+        for s in decode:
+            self.slots[s].decoding = False
+        chunks, ids, adapters = [], [self._next_tokens[decode]], [self.slots[s].adapter for s in decode]
+        budget = PREFILL_BUDGET
+        for slot, row in enumerate(self.slots):
+            if row is None or row.twin is not None or row.filled == len(row.prompt) or budget <= 0:
+                continue
+            count = min(budget, len(row.prompt) - row.filled)
+            chunks.append((slot, row.filled, count))
+            ids.append(torch.tensor(row.prompt[row.filled : row.filled + count], dtype=torch.long, device=self.device))
+            adapters += [row.adapter] * count
+            budget -= count
+        if not decode and not chunks:
+            return
+        ends = [(slot, count) for slot, start, count in chunks if start + count == len(self.slots[slot].prompt)]
+        logits = self._run(decode, chunks, torch.cat(ids), adapters, ends)
+        for slot, start, count in chunks:
+            self.slots[slot].filled = start + count
+        if self.logits is None:  # one row per possible slot, allocated once
+            self.logits = torch.zeros(self.max_rows, logits.shape[-1], device=self.device)
+        self.logits[decode] = logits[: len(decode)]
+        for j, (slot, _) in enumerate(ends):
+            self.logits[slot] = logits[len(decode) + j]
+        for slot, row in enumerate(self.slots):  # twins whose first is now in
+            if row is not None and row.twin is not None and row.twin.filled == len(row.twin.prompt):
+                self._timed("copy_s", self.cache.copy, row.twin.slot, slot)
+                self.logits[slot] = self.logits[row.twin.slot]
+                row.filled, row.twin = len(row.prompt), None
+
+    def _run(self, decode: list[int], chunks: list[tuple[int, int, int]], ids, adapters: list, ends: list) -> torch.Tensor:
+        """The model over one packed step; returns the logits after each decoding token and after
+        the last token of each chunk in ``ends``. Its time is split between prefill and decode by tokens."""
+        chat = self.chat
+        clock = time.perf_counter()
+        positions = self.cache.begin_step(decode, chunks)
+        ids = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids, dtype=torch.long, device=self.device)
+        keep, offset = list(range(len(decode))), len(decode)
+        ending = dict(ends)
+        for slot, _, count in chunks:
+            offset += count
+            if slot in ending:
+                keep.append(offset - 1)
+        logits = chat.forward_step(
+            self.cache, ids, positions, chat.adapter_names(adapters), torch.tensor(keep, dtype=torch.long, device=self.device)
+        )
+        self.cache.end_step()
+        seconds = time.perf_counter() - clock
+        prefilled = len(ids) - len(decode)
+        chat.timings["decode_s"] += seconds * len(decode) / len(ids)
+        chat.timings["prefill_s"] += seconds * prefilled / len(ids)
+        chat.prefix_cache.misses += prefilled
+        if decode:
+            chat.steps_by_rows[len(decode)] += 1
+        return logits
+
+    def _timed(self, phase: str, fn, *args) -> None:
+        clock = time.perf_counter()
+        fn(*args)
+        self.chat.timings[phase] += time.perf_counter() - clock
 
     def _retire(self, slot: int) -> tuple[Any, Generation]:
         """Store a finished row's states under its key (prompt + all but its last sampled token), free its slot."""
         row = self.slots[slot]
-        if row.private_key:
-            self.chat.prefix_cache.release([row.key])
-        elif row.key is not None:
+        if row.key is not None:
+            clock = time.perf_counter()
             keys, values = self.cache.states(slot)
+            self.chat.timings["copy_s"] += time.perf_counter() - clock
             ids = row.prompt + row.out[: keys[0].shape[1] - len(row.prompt)]
             assert len(ids) == keys[0].shape[1], "cache columns and tokens disagree"
             self.chat.prefix_cache.store(row.key, CachedPrefix(ids=ids, adapter=row.adapter, keys=keys, values=values))
@@ -325,19 +336,7 @@ class DecodeSession:
         for source, target in moves:
             self.cache.move(source, target)
             self.slots[target], self.slots[source] = self.slots[source], None
+            self.slots[target].slot = target
             self._next_tokens[target] = self._next_tokens[source]
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
-
-    def _decode(self) -> None:
-        chat = self.chat
-        n = len(self.slots)
-        live = torch.tensor([r is not None for r in self.slots], device=self.device)
-        clock = time.perf_counter()
-        mask = self.cache.begin_step(n)
-        positions = self.cache.lengths[:n, None].clone()
-        names = chat.adapter_names([r.adapter if r is not None else None for r in self.slots])
-        self.logits[:n] = chat.forward(self.cache, self._next_tokens[:n, None], positions, mask, names)
-        self.cache.end_step(live)
-        chat.timings["decode_s"] += time.perf_counter() - clock
-        chat.steps_by_rows[int(live.sum())] += 1

@@ -14,6 +14,7 @@ adapters disabled) and a mixed batch runs in one forward pass through peft's ``a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections import Counter
@@ -33,9 +34,18 @@ from scope_marl.backends.base import (
 )
 from scope_marl.backends.chat_tokens import ChatTokens
 from scope_marl.backends.decode_session import DecodeSession, Row
+from scope_marl.backends.packed_linear import PackedLinears, PackedWeights, packing_available
 from scope_marl.backends.prefix_cache import PrefixCache
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # stands in for a mask transformers would otherwise build
+
+
+def _keep_rows(out, keep: torch.Tensor):
+    """The body's output cut to the rows in ``keep`` (a forward hook: the LM head then sees only those)."""
+    out.last_hidden_state = out.last_hidden_state[keep]
+    return out
+
 
 # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model;
 # the warning is about peft's code, not ours or the user's, and would print on every run.
@@ -63,9 +73,13 @@ class HFChatModel(ChatTokens):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.prefix_cache = PrefixCache()
         # Wall time by phase, for benchmarks and profiling ("where does the time go").
-        self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0}
+        self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "copy_s": 0.0}
         # Decode steps by live rows: the step count, the rows decoded and each step's batch (a roofline needs it).
         self.steps_by_rows: Counter[int] = Counter()
+        self.packed = PackedWeights() if packing_available() else None  # decoding's pre-packed weights
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "packed": None}  # packed copies are remade where they are used
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled in another process (a Ray or data-parallel worker): its attention function
@@ -73,6 +87,7 @@ class HFChatModel(ChatTokens):
         from scope_marl.backends.attention import use_sdpa_gqa
 
         self.__dict__.update(state)
+        self.packed = PackedWeights() if packing_available() else None
         use_sdpa_gqa(self.model)
 
     # ---- construction -------------------------------------------------------------------------
@@ -213,19 +228,37 @@ class HFChatModel(ChatTokens):
     def context_length(self) -> int:
         return getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
 
-    def forward(self, cache, ids, positions, mask, adapter_names) -> torch.Tensor:
-        """One forward pass through ``cache``; returns the last position's logits per row."""
+    def forward_step(self, cache, ids: torch.Tensor, positions: torch.Tensor, adapter_names, keep: torch.Tensor) -> torch.Tensor:
+        """One packed step through ``cache`` (a ``RowCache`` laid out by ``begin_step``): token ``i`` is
+        ``ids[i]`` at ``positions[i]``. Returns the next-token logits after the tokens ``keep``.
+
+        Each token is its own batch row of length 1, so peft's per-row adapters apply per token and
+        every layer but attention (the cache's own, ``kv_slots``) runs on all tokens at once; only
+        the kept tokens' hidden states reach the LM head."""
         kwargs = {"adapter_names": adapter_names} if adapter_names is not None else {}
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **kwargs,
-        )
+        body = self._body()
+        handle = body.register_forward_hook(lambda module, args, out: _keep_rows(out, keep))
+        packed = PackedLinears(self.packed) if self.packed is not None else contextlib.nullcontext()
+        try:
+            with packed:
+                out = self.model(
+                    input_ids=ids[:, None],
+                    position_ids=positions[:, None],
+                    attention_mask=_NO_MASK,  # a prepared 4-D mask is passed through untouched; kv_slots masks
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    kv_slots=cache,
+                    **kwargs,
+                )
+        finally:
+            handle.remove()
         return out.logits[:, -1, :]
+
+    def _body(self) -> torch.nn.Module:
+        """The transformer body under the LM head (through peft's wrapper when adapters exist)."""
+        model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return model.base_model
 
     def adapter_names(self, adapters: Sequence[str | None]) -> list[str] | None:
         """peft's per-row adapter names for a mixed batch (None when the model has no adapters)."""

@@ -1,56 +1,32 @@
-"""Key/value caches for the hand-written decode loop (the two methods transformers' attention calls).
+"""The key/value cache of continuous batching: one slot per sequence, every step one packed forward.
 
-Two layouts, one per phase:
+A :class:`RowCache` holds one slot (batch row of its buffers) per live sequence; a slot's tokens sit
+in columns ``[0, length)``. One forward pass (a *step*) carries, packed one token after another,
+the next token of every decoding sequence and chunks of prompts being prefilled (each chunk
+appends at its slot's own columns), so the weights are read once a step for both and no prompt is
+padded to its neighbours' length. :meth:`RowCache.begin_step` lays a step out; ``update`` (called
+by the model per layer) writes each token's key/value at its slot and column, and :meth:`attend`
+(called by the attention function, ``backends.attention``) computes each token's attention over
+its own slot:
 
-* :class:`PrefillCache` serves a *prefill*: a batch of new prompts, each row's states written to
-  its own columns ``[0, n)``. It lives for one forward pass.
-* :class:`RowCache` serves *decoding* under continuous batching: one slot (batch row) per live
-  sequence, each with its own length. A slot's tokens sit in columns ``[0, length)``; a decode step
-  writes each row's new key/value at that row's own column, so sequences of any length decode
-  together and a finished slot can take a new sequence without touching its neighbours.
+* decoding tokens together: one SDPA call over slots ``[0, n)`` up to the longest length, each
+  row masked to its own columns (grouped query heads packed per key/value head, no copy);
+* each prefill chunk on its own: causal over its slot's columns ``[0, start + count)``.
 
-Both return views of preallocated buffers, so nothing is re-concatenated per token.
+A token therefore sees exactly the columns it would see alone, whatever shares its step.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-class PrefillCache:
-    """A prefill's batch, laid out so every row's states land in columns ``[0, n)`` as if it ran alone.
-
-    Queries are left-padded (so the last query of every row is its last prompt token and only that
-    position needs the LM head), but each row writes its keys/values at its own columns: its cached
-    prefix first, its new tokens right after, its padding queries beyond them (masked for the real
-    queries, so harmless). A row's attention therefore covers the same columns in the same order
-    whatever its neighbours, and its logits do not depend on the batch's padding.
-    """
-
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, write: torch.Tensor, columns: int, dtype, device):
-        batch, width = write.shape
-        shape = (batch, kv_heads, columns, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._index = write[:, None, :, None].expand(batch, kv_heads, width, head_dim)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.keys[layer_idx].scatter_(2, self._index, key_states)
-        self.values[layer_idx].scatter_(2, self._index, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions and the mask are always passed explicitly
+import torch.nn.functional as F
 
 
 class RowCache:
-    """One slot per decoding sequence, each slot with its own length (continuous batching).
+    """One slot per sequence, each with its own length; one packed step at a time (module docstring).
 
-    ``begin_step(rows)`` fixes which slots a decode forward covers (``[0, rows)``, free slots
-    included: they decode a padding token into their column 0 and are masked); ``update`` then
-    writes each row's single new key/value at column ``lengths[row]``; ``end_step`` advances the
-    live slots. Buffers grow (zeroed, so masked columns hold finite numbers: attention multiplies
-    them by an exact 0) when a sequence needs more columns or slots than allocated.
+    Buffers grow (zeroed, so masked columns hold finite numbers: attention multiplies them by an
+    exact 0) when a sequence needs more columns or slots than allocated.
     """
 
     GROWTH = 1.5  # capacity grows geometrically, so appending columns costs amortized O(1) copies
@@ -61,8 +37,7 @@ class RowCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
-        self._rows = torch.zeros(0, dtype=torch.long, device=device)
-        self._span = 1
+        self._step: _Step | None = None
 
     @property
     def slots(self) -> int:
@@ -95,12 +70,11 @@ class RowCache:
         lengths[: self.slots] = self.lengths
         self.lengths = lengths
 
-    def put(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Fill ``slot`` with a sequence's states (per layer ``[kv_heads, n, head_dim]``)."""
-        n = keys[0].shape[1]
+    def put(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int) -> None:
+        """Fill ``slot`` with the first ``n`` columns of a sequence's states (per layer ``[kv_heads, >= n, head_dim]``)."""
         for layer in range(self.num_layers):
-            self.keys[layer][slot, :, :n] = keys[layer]
-            self.values[layer][slot, :, :n] = values[layer]
+            self.keys[layer][slot, :, :n] = keys[layer][:, :n]
+            self.values[layer][slot, :, :n] = values[layer][:, :n]
         self.lengths[slot] = n
 
     def states(self, slot: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -108,35 +82,106 @@ class RowCache:
         n = int(self.lengths[slot])
         return [k[slot, :, :n].clone() for k in self.keys], [v[slot, :, :n].clone() for v in self.values]
 
-    def move(self, source: int, target: int) -> None:
-        """Move a sequence from slot ``source`` to slot ``target`` (compaction); ``source`` becomes free."""
+    def copy(self, source: int, target: int) -> None:
+        """Give slot ``target`` the states of slot ``source`` (both keep them)."""
         n = int(self.lengths[source])
         for buffers in (self.keys, self.values):
             for layer in range(self.num_layers):
                 buffers[layer][target, :, :n] = buffers[layer][source, :, :n]
-        self.lengths[target], self.lengths[source] = n, 0
+        self.lengths[target] = n
+
+    def move(self, source: int, target: int) -> None:
+        """Move a sequence from slot ``source`` to slot ``target`` (compaction); ``source`` becomes free."""
+        self.copy(source, target)
+        self.lengths[source] = 0
 
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0
 
-    def begin_step(self, rows: int) -> torch.Tensor:
-        """Prepare a decode forward over slots ``[0, rows)``; returns the boolean key mask ``[rows, 1, 1, span]``."""
-        self._rows = torch.arange(rows, device=self.device)
-        lengths = self.lengths[:rows]
-        self._span = int(lengths.max()) + 1
-        cols = torch.arange(self._span, device=self.device)
-        return (cols[None, :] <= lengths[:, None])[:, None, None, :]
+    # ---- one packed step ---------------------------------------------------------------------
+    def begin_step(self, decode: list[int], chunks: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Lay out a step: token ``i < len(decode)`` is the next token of slot ``decode[i]`` (written at
+        its slot's length), then each chunk ``(slot, start, count)`` in order. Returns each token's
+        position (its column)."""
+        self._step = _Step(self, decode, chunks)
+        return self._step.column
 
-    def end_step(self, live: torch.Tensor) -> None:
-        """Advance the slots that decoded a real token (``live``: boolean per slot of the step)."""
-        self.lengths[: live.shape[0]] += live.long()
+    def end_step(self) -> None:
+        """Advance every slot by what the step wrote."""
+        step, self._step = self._step, None
+        if step.decode_slots is not None:
+            self.lengths[step.decode_slots] += 1
+        for slot, start, count in step.chunks:
+            self.lengths[slot] = start + count
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        write = self.lengths[: key_states.shape[0]]
-        self.keys[layer_idx][self._rows, :, write] = key_states[:, :, 0]
-        self.values[layer_idx][self._rows, :, write] = value_states[:, :, 0]
-        rows = key_states.shape[0]
-        return self.keys[layer_idx][:rows, :, : self._span], self.values[layer_idx][:rows, :, : self._span]
+        """Write the step's keys/values (``[tokens, kv_heads, 1, head_dim]``) at each token's slot and column."""
+        step = self._step
+        self.keys[layer_idx][step.slot, :, step.column] = key_states[:, :, 0]
+        self.values[layer_idx][step.slot, :, step.column] = value_states[:, :, 0]
+        return key_states, value_states  # attention reads the cache itself (attend)
+
+    def attend(self, layer: int, query: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """Attention of the step's tokens (``query``: ``[tokens, heads, 1, head_dim]``) over their own
+        slots; returns ``[tokens, 1, heads, head_dim]``."""
+        step = self._step
+        tokens, heads, _, dim = query.shape
+        out = query.new_empty(tokens, heads, dim)
+        keys, values = self.keys[layer], self.values[layer]
+        if step.decoding:
+            n, span, nd = step.region, step.span, step.decoding
+            q = query[:nd, :, 0]
+            if step.scattered is not None:  # decoding slots with gaps: queries placed at their slots
+                q = query.new_zeros(n, heads, dim).index_copy_(0, step.scattered, q)
+            # Grouped heads packed per key/value head: [n, kv_heads, group, dim] against [n, kv_heads, span, dim].
+            q = q.reshape(n, self.kv_heads, heads // self.kv_heads, dim)
+            o = F.scaled_dot_product_attention(q, keys[:n, :, :span], values[:n, :, :span], attn_mask=step.decode_mask, scale=scale)
+            o = o.reshape(n, heads, dim)
+            out[:nd] = o if step.scattered is None else o.index_select(0, step.scattered)
+        offset = step.decoding
+        for (slot, start, count), mask in zip(step.chunks, step.chunk_masks):
+            q = query[offset : offset + count, :, 0].transpose(0, 1)[None]
+            end = start + count
+            o = F.scaled_dot_product_attention(
+                q, keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end], attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            out[offset : offset + count] = o[0].transpose(0, 1)
+            offset += count
+        return out[:, None]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self._span - 1
+        return 0  # positions are always passed explicitly
+
+
+class _Step:
+    """Where one packed step's tokens go (slot and column per token) and the masks its attention uses."""
+
+    def __init__(self, cache: RowCache, decode: list[int], chunks: list[tuple[int, int, int]]):
+        device = cache.device
+        self.chunks = chunks
+        self.decoding = len(decode)
+        columns = []
+        slots = []
+        self.decode_slots = None
+        self.scattered = None
+        if decode:
+            self.decode_slots = torch.tensor(decode, device=device)
+            self.region = max(decode) + 1  # decoding attends over slots [0, region) at once
+            if self.region != len(decode):
+                self.scattered = self.decode_slots
+            lengths = cache.lengths[: self.region]
+            self.span = int(lengths.max()) + 1
+            cols = torch.arange(self.span, device=device)
+            # Each row sees its columns up to the one it writes now; rows in the region that do not
+            # decode get the same harmless mask (their output is dropped).
+            self.decode_mask = (cols[None, :] <= lengths[:, None])[:, None, None, :]
+            slots.append(self.decode_slots)
+            columns.append(cache.lengths[self.decode_slots])
+        self.chunk_masks = []
+        for slot, start, count in chunks:
+            slots.append(torch.full((count,), slot, dtype=torch.long, device=device))
+            columns.append(torch.arange(start, start + count, device=device))
+            cols = torch.arange(start + count, device=device)
+            self.chunk_masks.append(cols[None, :] <= (start + torch.arange(count, device=device))[:, None])
+        self.slot = torch.cat(slots)
+        self.column = torch.cat(columns)
