@@ -197,16 +197,21 @@ def main() -> None:
             f"{engine_tok_s / naive_tok_s:>9.2f}{engine_tok_s / bound:>9.3f}{r['prefilled']:>12}{r['reused']:>11}"
         )
     print()
-    print("where the engine's time goes (seconds; decode rows/step = mean batch rows per decode step)")
-    print(f"{'run':<12}{'total':>8}{'prefill':>9}{'decode':>9}{'sample':>9}{'other':>8}{'steps':>7}{'rows/step':>10}{'ms/step':>9}")
+    print(
+        "where the engine's time goes (seconds; a step's forward is split between prefill and decode by tokens; "
+        "kv copy = states copied out at a turn's end and into its next slot; decode rows/step = mean rows per step)"
+    )
+    print(
+        f"{'run':<12}{'total':>8}{'prefill':>9}{'decode':>9}{'sample':>9}{'kv copy':>9}{'other':>8}{'steps':>7}{'rows/step':>10}{'ms/step':>9}"
+    )
     for size, r in runs.items():
-        other = r["seconds"] - r["prefill_s"] - r["decode_s"] - r["sample_s"]
+        other = r["seconds"] - r["prefill_s"] - r["decode_s"] - r["sample_s"] - r["copy_s"]
         decode_steps = r["steps_by_rows"].total()
         steps = max(decode_steps, 1)
         decode_rows = sum(rows * n for rows, n in r["steps_by_rows"].items())
         print(
             f"{'engine@' + str(size):<12}{r['seconds']:>8.1f}{r['prefill_s']:>9.1f}{r['decode_s']:>9.1f}{r['sample_s']:>9.1f}"
-            f"{other:>8.1f}{decode_steps:>7}{decode_rows / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
+            f"{r['copy_s']:>9.1f}{other:>8.1f}{decode_steps:>7}{decode_rows / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
         )
     print()
     print(

@@ -151,6 +151,27 @@ def test_adapter_logprobs_match_forward_with_that_adapter(lora_chat):
     assert torch.allclose(torch.tensor(out.logprobs), ref_lp, atol=1e-4, rtol=0)
 
 
+def test_a_prefill_and_a_decoding_row_of_other_adapters_share_a_step_with_their_own_weights(lora_chat):
+    """One packed step carries a row decoding under one adapter and another prompt prefilling
+    under a second: each token goes through its own adapter, so both equal their solo runs."""
+    chat, _ = lora_chat
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
+    first, second = chat.encode_chat(PROMPTS[1]), chat.encode_chat(PROMPTS[2])
+    session = chat.open_session(sampling)
+    session.add(first, adapter="agent", seed=1, tag="agent")
+    session.step()  # the agent's prompt is in; its first token is sampled next step
+    session.add(second, adapter="user", seed=2, tag="user")
+    run = session._run
+    shared = []
+    session._run = lambda decode, chunks, *rest: shared.append(bool(decode and chunks)) or run(decode, chunks, *rest)
+    out = dict(iter_until_done(session))
+    assert shared[0], "the user's prefill ran in the same forward as the agent's decoding"
+    for tag, prompt, seed in (("agent", first, 1), ("user", second, 2)):
+        alone = chat.generate_ids([prompt], sampling, adapters=[tag], seeds=[seed])[0]
+        assert out[tag].token_ids == alone.token_ids
+        assert out[tag].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
 def test_unknown_adapter_is_a_clear_error(lora_chat):
     chat, _ = lora_chat
     with pytest.raises(BackendError, match="unknown LoRA adapter.*add_adapter"):
