@@ -44,6 +44,16 @@ def test_a_weight_changed_in_place_is_packed_again():
     assert not torch.allclose(before, after)
 
 
+def test_a_weight_that_goes_takes_its_pack_with_it():
+    packed = PackedWeights()
+    layer = torch.nn.Linear(32, 16)
+    with torch.inference_mode(), PackedLinears(packed):
+        layer(torch.randn(2, 32))
+    assert len(packed) == 1
+    del layer
+    assert len(packed) == 0
+
+
 def test_other_dtypes_take_torchs_own_path():
     weight, x = torch.randn(16, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
     packed = PackedWeights()

@@ -40,7 +40,9 @@ class PackedWeights:
         if entry is not None and entry[0]() is weight and entry[1] == weight._version:
             return entry[2]
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
-        self._packs[id(weight)] = (weakref.ref(weight), weight._version, packed)
+        key = id(weight)
+        # The pack goes when its weight does (an evicted pool member's adapter, a replaced tensor).
+        self._packs[key] = (weakref.ref(weight, lambda _: self._packs.pop(key, None)), weight._version, packed)
         return packed
 
     def clear(self) -> None:
