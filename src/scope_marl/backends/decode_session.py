@@ -199,7 +199,8 @@ class DecodeSession:
             self.cache.free(slot)
             for start in range(0, length, PREFILL_BUDGET):  # alone, chunk by chunk, before anything else runs
                 count = min(PREFILL_BUDGET, length - start)
-                self._run([], [(slot, start, count)], head[start : start + count], [adapter] * count, [])
+                ids = torch.tensor(head[start : start + count], dtype=torch.long, device=self.device)
+                self._run([], [(slot, start, count)], ids, [adapter] * count, [])
             key = ("shared-opening", adapter, length)
             cache.store(key, CachedPrefix(head[:length], adapter, *self.cache.states(slot)))
             cache.share(key)
@@ -259,14 +260,14 @@ class DecodeSession:
             budget -= count
         if not decode and not chunks:
             return
-        ends = [(slot, count) for slot, start, count in chunks if start + count == len(self.slots[slot].prompt)]
+        ends = [slot for slot, start, count in chunks if start + count == len(self.slots[slot].prompt)]
         logits = self._run(decode, chunks, torch.cat(ids), adapters, ends)
         for slot, start, count in chunks:
             self.slots[slot].filled = start + count
         if self.logits is None:  # one row per possible slot, allocated once
             self.logits = torch.zeros(self.max_rows, logits.shape[-1], device=self.device)
         self.logits[decode] = logits[: len(decode)]
-        for j, (slot, _) in enumerate(ends):
+        for j, slot in enumerate(ends):
             self.logits[slot] = logits[len(decode) + j]
         for slot, row in enumerate(self.slots):  # twins whose first is now in
             if row is not None and row.twin is not None and row.twin.filled == len(row.twin.prompt):
@@ -274,18 +275,19 @@ class DecodeSession:
                 self.logits[slot] = self.logits[row.twin.slot]
                 row.filled, row.twin = len(row.prompt), None
 
-    def _run(self, decode: list[int], chunks: list[tuple[int, int, int]], ids, adapters: list, ends: list) -> torch.Tensor:
+    def _run(
+        self, decode: list[int], chunks: list[tuple[int, int, int]], ids: torch.Tensor, adapters: list, ends: list[int]
+    ) -> torch.Tensor:
         """The model over one packed step; returns the logits after each decoding token and after
-        the last token of each chunk in ``ends``. Its time is split between prefill and decode by tokens."""
+        the last token of the chunks of the slots in ``ends``. Its time is split between prefill and
+        decode by tokens."""
         chat = self.chat
         clock = time.perf_counter()
         positions = self.cache.begin_step(decode, chunks)
-        ids = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids, dtype=torch.long, device=self.device)
         keep, offset = list(range(len(decode))), len(decode)
-        ending = dict(ends)
         for slot, _, count in chunks:
             offset += count
-            if slot in ending:
+            if slot in ends:
                 keep.append(offset - 1)
         logits = chat.forward_step(
             self.cache, ids, positions, chat.adapter_names(adapters), torch.tensor(keep, dtype=torch.long, device=self.device)
@@ -300,18 +302,18 @@ class DecodeSession:
             chat.steps_by_rows[len(decode)] += 1
         return logits
 
-    def _timed(self, phase: str, fn, *args) -> None:
+    def _timed(self, phase: str, fn, *args):
+        """``fn(*args)``, its wall time added to ``phase`` in the model's timings."""
         clock = time.perf_counter()
-        fn(*args)
+        result = fn(*args)
         self.chat.timings[phase] += time.perf_counter() - clock
+        return result
 
     def _retire(self, slot: int) -> tuple[Any, Generation]:
         """Store a finished row's states under its key (prompt + all but its last sampled token), free its slot."""
         row = self.slots[slot]
         if row.key is not None:
-            clock = time.perf_counter()
-            keys, values = self.cache.states(slot)
-            self.chat.timings["copy_s"] += time.perf_counter() - clock
+            keys, values = self._timed("copy_s", self.cache.states, slot)
             ids = row.prompt + row.out[: keys[0].shape[1] - len(row.prompt)]
             assert len(ids) == keys[0].shape[1], "cache columns and tokens disagree"
             self.chat.prefix_cache.store(row.key, CachedPrefix(ids=ids, adapter=row.adapter, keys=keys, values=values))
@@ -321,10 +323,10 @@ class DecodeSession:
 
     def _compact(self) -> None:
         """Keep the live rows in the front slots while nothing waits to fill a free one (a free slot
-        inside the batch still costs its share of every decode step). Rows with their own seeds move
-        the last live row into each hole (one row's states copied per hole); rows drawing from one
-        shared stream keep their order (the stream's numbers go to rows in slot order), so the rows
-        after a hole shift down."""
+        among the decoding slots still costs its share of every step's attention). Rows with their
+        own seeds move the last live row into each hole (one row's states copied per hole); rows
+        drawing from one shared stream keep their order (the stream's numbers go to rows in slot
+        order), so the rows after a hole shift down."""
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
         if self.pending or all(r is not None for r in self.slots):
