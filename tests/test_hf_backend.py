@@ -273,6 +273,26 @@ def test_top_p_samples_only_the_nucleus_in_proportion():
     assert torch.allclose(torch.bincount(full, minlength=4).float() / len(full), probs, atol=0.015)
 
 
+def test_the_tail_floor_moves_no_draw_and_no_drawable_log_prob(monkeypatch):
+    """Logits spread so that at T=0.5 many tokens sit below e^-87 (subnormal exps): flooring the
+    tail at TAIL_FLOOR_NATS draws the same tokens with the same log-probs and entropies as no floor."""
+    from scope_marl.backends import sampling
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 5000) * 12
+    params = SamplingParams(temperature=0.5, top_p=0.95)
+    assert (torch.log_softmax(logits / 0.5, -1) < -87).float().mean() > 0.05, "the case needs a subnormal-deep tail"
+
+    def draw():
+        return sampling.sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(64)])
+
+    ids, logprobs, entropy = draw()
+    monkeypatch.setattr(sampling, "TAIL_FLOOR_NATS", float("inf"))
+    ref_ids, ref_logprobs, ref_entropy = draw()
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(logprobs, ref_logprobs, atol=1e-6, rtol=0) and torch.allclose(entropy, ref_entropy, atol=1e-6, rtol=0)
+
+
 def test_nucleus_falls_back_to_a_full_sort_when_candidates_are_short(monkeypatch):
     from scope_marl.backends import sampling as hf
 

@@ -35,6 +35,31 @@ def test_frozen_head_scores_and_gradient_match_autograd(monkeypatch, temperature
     assert torch.allclose(grad, expected_grad, atol=1e-5)
 
 
+def test_the_floored_tail_scores_exactly_even_a_target_deep_in_it(monkeypatch):
+    """Logits spread so that most of the vocabulary's exps are subnormal: flooring the tail gives the
+    same log-probs, entropies and gradient as no floor (to the bit), and autograd's log-probs and
+    gradient, also for a target far below the floor."""
+    torch.manual_seed(1)
+    weight = torch.randn(400, 8) * 12
+    hidden = torch.randn(6, 8, requires_grad=True)
+    logits = torch.nn.functional.linear(hidden, weight)
+    targets = logits.argmax(-1)
+    targets[0] = logits[0].argmin()  # a token whose log-prob is far below -TAIL_FLOOR_NATS
+    expected_logp, _ = reference(hidden, weight, None, targets, 0.7)
+    assert expected_logp[0] < -2 * tl.TAIL_FLOOR_NATS and (torch.log_softmax(logits / 0.7, -1) < -87).float().mean() > 0.3
+    (expected_grad,) = torch.autograd.grad(expected_logp.sum(), hidden)
+
+    def scored():
+        logp, entropy = tl.token_logprobs(hidden, weight, None, targets, 0.7)
+        return logp, entropy, torch.autograd.grad(logp.sum(), hidden)[0]
+
+    logp, entropy, grad = scored()
+    assert torch.allclose(logp, expected_logp, atol=1e-4, rtol=1e-6) and torch.allclose(grad, expected_grad, atol=1e-5)
+    monkeypatch.setattr(tl, "TAIL_FLOOR_NATS", float("inf"))
+    for floored, unfloored in zip((logp, entropy, grad), scored()):
+        assert torch.equal(floored, unfloored)
+
+
 def test_entropy_bonus_and_trainable_head_take_autograd(monkeypatch):
     monkeypatch.setattr(tl, "CHUNK_ROWS", 4)
     torch.manual_seed(1)

@@ -15,6 +15,13 @@ import torch
 from scope_marl.backends.base import SamplingParams
 
 NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full sort only if they fall short
+# Scaled logits more than this far below a row's best are raised to it before the softmax. Without
+# the floor, exp() of the far tail lands in fp32's subnormal range (below e^-87), which x86 CPUs
+# compute many times slower (bench/sampling.py; low temperatures and peaked rows put a large part of
+# the vocabulary that far down). A floored token keeps a probability under e^-70 (~4e-31): a row's
+# normalizer moves by less than 2e-26, far below fp32's resolution, so every token that can be
+# drawn keeps its log-prob to the bit. The learner floors the same way (training.token_logprobs).
+TAIL_FLOOR_NATS = 70.0
 
 
 def sample_next(
@@ -26,7 +33,9 @@ def sample_next(
     then do not depend on its neighbours). Each row uses exactly one uniform number per token.
     """
     greedy = sampling.temperature == 0.0
-    logp = torch.log_softmax(logits.float() / (1.0 if greedy else sampling.temperature), dim=-1)
+    scaled = logits.float() / (1.0 if greedy else sampling.temperature)
+    scaled = scaled.clamp(min=scaled.amax(-1, keepdim=True) - TAIL_FLOOR_NATS)
+    logp = torch.log_softmax(scaled, dim=-1)
     probs = logp.exp()
     entropy = -(probs * logp).sum(-1)
     if greedy:

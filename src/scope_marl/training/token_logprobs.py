@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from scope_marl.backends.sampling import TAIL_FLOOR_NATS
+
 CHUNK_ROWS = 128  # rows of [rows, V] logits alive at a time: 25 MB at V = 49,152 in fp32
 
 
@@ -101,9 +103,11 @@ def _scores(hidden, weight, bias, targets, temperature, factor: torch.Tensor | N
             z.copy_(F.linear(hidden[rows], weight, bias))
         if temperature != 1.0:
             z.div_(temperature)
-        # logsumexp and the softmax from one exp pass: p = exp(z - max) / sum, lse = max + log(sum)
+        # logsumexp and the softmax from one exp pass: p = exp(z - max) / sum, lse = max + log(sum).
+        # The far tail is floored as at sampling (TAIL_FLOOR_NATS): its subnormal exps would slow
+        # this pass and the p @ W product ~20x and change no drawable token's log-prob.
         top = z.amax(dim=-1, keepdim=True)
-        torch.sub(z, top, out=p).exp_()
+        torch.sub(z, top, out=p).clamp_(min=-TAIL_FLOOR_NATS).exp_()
         total = p.sum(dim=-1, keepdim=True)
         p.div_(total)
         lse = (top + total.log()).squeeze(1)
