@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from scope_marl.backends.base import SamplingParams
-from scope_marl.backends.packed_linear import PackedLinears, PackedWeights, packing_available
+from scope_marl.backends.packed_linear import ROW_BUCKETS, PackedLinears, PackedWeights, packing_available, row_bucket
 from tests.test_hf_backend import reference_scores
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
@@ -21,7 +21,7 @@ def test_packed_linear_matches_torch_in_float32(shape, bias):
     torch.manual_seed(0)
     weight, x = torch.randn(200, 96), torch.randn(*shape)
     b = torch.randn(200) if bias else None
-    packed = PackedWeights()
+    packed = PackedWeights(always=True)
     with torch.inference_mode(), PackedLinears(packed):
         out = F.linear(x, weight, b)
     assert len(packed) == 1, "the weight was packed (the packed path ran)"
@@ -32,7 +32,7 @@ def test_packed_linear_matches_torch_in_float32(shape, bias):
 def test_a_weight_changed_in_place_is_packed_again():
     torch.manual_seed(0)
     layer = torch.nn.Linear(96, 64)
-    packed = PackedWeights()
+    packed = PackedWeights(always=True)
     x = torch.randn(8, 96)
     with torch.inference_mode(), PackedLinears(packed):
         before = layer(x)
@@ -45,7 +45,7 @@ def test_a_weight_changed_in_place_is_packed_again():
 
 
 def test_a_weight_that_goes_takes_its_pack_with_it():
-    packed = PackedWeights()
+    packed = PackedWeights(always=True)
     layer = torch.nn.Linear(32, 16)
     with torch.inference_mode(), PackedLinears(packed):
         layer(torch.randn(2, 32))
@@ -56,7 +56,7 @@ def test_a_weight_that_goes_takes_its_pack_with_it():
 
 def test_other_dtypes_take_torchs_own_path():
     weight, x = torch.randn(16, 8, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
-    packed = PackedWeights()
+    packed = PackedWeights(always=True)
     with PackedLinears(packed):
         out = F.linear(x, weight)
     assert len(packed) == 0 and torch.equal(out, F.linear(x, weight))
@@ -65,6 +65,7 @@ def test_other_dtypes_take_torchs_own_path():
 def test_sampling_after_a_weight_update_scores_under_the_new_weights(tiny_chat):
     """A learner sharing the model updates it in place between rollouts: the sampler's log-probs
     must be those of the new weights (the on-policy definition), not of a stale packed copy."""
+    tiny_chat.packed = PackedWeights(always=True)  # whatever calibration would choose here
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
     prompt = [[5, 6, 7, 8, 9]]
     tiny_chat.generate_ids(prompt, sampling)
@@ -77,3 +78,29 @@ def test_sampling_after_a_weight_update_scores_under_the_new_weights(tiny_chat):
     assert torch.allclose(torch.tensor(out.logprobs), ref_lp, atol=1e-4, rtol=0)
     clone = pickle.loads(pickle.dumps(tiny_chat))  # a Ray worker's copy: packs are remade there
     assert clone.packed is not None and len(clone.packed) == 0
+
+
+def test_calibration_routes_each_call_by_its_row_count():
+    """Calibration records a choice per row bucket; a call takes the packed path only where that
+    choice says packed is faster at its row count."""
+    torch.manual_seed(0)
+    big = torch.randn(200, 96)
+    packed = PackedWeights()
+    assert not packed.calibrated and not packed.use_packed(8)
+    packed.calibrate([big, torch.randn(16, 96)])
+    assert packed.calibrated and len(packed.faster) == len(ROW_BUCKETS)
+    assert [row_bucket(r) for r in (1, 2, 3, 8, 20, 30, 64, 500)] == [0, 0, 1, 1, 1, 2, 2, 2]
+    packed.faster = tuple(rows <= 8 for rows in ROW_BUCKETS)  # as if it paid up to 8 rows
+    assert [packed.use_packed(r) for r in (1, 8, 20, 64)] == [True, True, True, False]
+    with torch.inference_mode(), PackedLinears(packed):
+        for rows in (30, 64, 500):
+            torch.testing.assert_close(F.linear(x := torch.randn(rows, 96), big), x @ big.T, atol=2e-4, rtol=1e-5)
+        assert len(packed) == 0, "no call so far had the packed choice"
+        torch.testing.assert_close(F.linear(x := torch.randn(4, 96), big), x @ big.T, atol=2e-4, rtol=1e-5)
+        assert len(packed) == 1, "4 rows: packed"
+
+
+def test_a_chat_calibrates_once_when_it_opens_a_session(tiny_chat):
+    assert not tiny_chat.packed.calibrated
+    tiny_chat.generate_ids([[5, 6, 7]], SamplingParams(temperature=1.0, max_new_tokens=2, seed=1))
+    assert tiny_chat.packed.calibrated and len(tiny_chat.packed.faster) == len(ROW_BUCKETS)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scope_marl.backends.packed_linear import PackedWeights, packing_available
 from scope_marl.backends.seat import Seat
 from scope_marl.config import RolloutConfig
 from scope_marl.core.types import SamplingParams
@@ -70,6 +71,9 @@ def lab_line() -> str:
 
 
 def test_p4g_and_lab_episodes_are_unchanged(talky_chat):
+    # The file was recorded on oneDNN-packed weights, whose fp32 GEMM rounds unlike torch's; the
+    # sampler packs only where calibration measures it faster (backends.packed_linear), so pin it.
+    talky_chat.packed = PackedWeights(always=True) if packing_available() else None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the float sums of one thread, whatever ran before in this process
     try:

@@ -238,7 +238,10 @@ class HFChatModel(ChatTokens):
         kwargs = {"adapter_names": adapter_names} if adapter_names is not None else {}
         body = self._body()
         handle = body.register_forward_hook(lambda module, args, out: _keep_rows(out, keep))
-        packed = PackedLinears(self.packed) if self.packed is not None else contextlib.nullcontext()
+        # Packed weights only at the row counts where they measured faster here (the mode itself
+        # costs every torch call of the step a Python dispatch).
+        pack = self.packed is not None and self.packed.use_packed(len(ids))
+        packed = PackedLinears(self.packed) if pack else contextlib.nullcontext()
         try:
             with packed:
                 out = self.model(
@@ -254,6 +257,11 @@ class HFChatModel(ChatTokens):
         finally:
             handle.remove()
         return out.logits[:, -1, :]
+
+    def calibrate_packing(self) -> None:
+        """Measure once where packed weights beat torch's linear here (``backends.packed_linear``)."""
+        if self.packed is not None and not self.packed.calibrated:
+            self.packed.calibrate(m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear))
 
     def _body(self) -> torch.nn.Module:
         """The transformer body under the LM head (through peft's wrapper when adapters exist)."""

@@ -11,17 +11,44 @@ tensor uses a packed copy of its weight, made on first use and remade whenever t
 (its version counter moves: an optimizer step, a load), so a learner sharing the model never
 samples from stale weights. Outside it nothing changes; the learner's forward and backward use
 torch's own path. Packed copies cost one more copy of the weights' memory.
+
+Which path is faster depends on the machine: on one CPU (GEMM ~170 GFLOP/s) packing ran the
+model's linears 1.4-2x faster at 8-100 rows; on another (~400 GFLOP/s, a large cache) torch's own
+path was faster at most row counts (packed 0.9x at 46 rows). So :meth:`PackedWeights.calibrate`
+times, once per process and model shape, all of the model's linear layers in order (as a forward
+runs them, so weights stream as they do there) both ways at each row count of ``ROW_BUCKETS``, and
+a call takes the packed path only at the row counts where that was faster
+(``bench/packed_linear.py`` prints both and the choice).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+import time
 import weakref
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 PACK_ROWS = 64  # oneDNN chooses its blocking for this many rows; any row count works
+# Row counts the calibration times; a call follows the one nearest its rows (in ratio). Decoding
+# steps carry from one row to a few hundred tokens.
+ROW_BUCKETS = (1, 8, 64)
+
+# What calibration measured, by the model's weight shapes: a property of this machine and process,
+# so a model loaded again (or another of the same shapes) is not timed twice.
+_MEASURED: dict[tuple, tuple[bool, ...]] = {}
+
+
+_BOUNDS = [math.sqrt(a * b) for a, b in zip(ROW_BUCKETS, ROW_BUCKETS[1:])]  # midpoints in ratio
+
+
+def row_bucket(rows: int) -> int:
+    """Index in ROW_BUCKETS of the choice that a call with ``rows`` rows follows (the nearest in ratio)."""
+    return bisect.bisect(_BOUNDS, rows)
 
 
 def packing_available() -> bool:
@@ -30,10 +57,31 @@ def packing_available() -> bool:
 
 
 class PackedWeights:
-    """Packed copies of weights, each remembered with the version it was packed at."""
+    """Packed copies of weights, each remembered with the version it was packed at, and the row
+    counts at which packing pays on this machine (after :meth:`calibrate`; ``always`` packs every
+    call, for tests and benches)."""
 
-    def __init__(self) -> None:
+    def __init__(self, always: bool = False) -> None:
         self._packs: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self.always = always
+        self.faster: tuple[bool, ...] | None = None  # per ROW_BUCKETS: the packed path measured faster
+
+    @property
+    def calibrated(self) -> bool:
+        return self.always or self.faster is not None
+
+    def use_packed(self, rows: int) -> bool:
+        return self.always or (self.faster is not None and self.faster[row_bucket(rows)])
+
+    @torch.no_grad()
+    def calibrate(self, weights: Iterable[torch.Tensor]) -> None:
+        """Time the linear layers of ``weights`` (a model's, in forward order) both ways at every
+        row bucket; a model of shapes this process has timed already is not timed again."""
+        weights = [w.detach() for w in weights if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2]
+        key = tuple(tuple(w.shape) for w in weights)
+        if key not in _MEASURED:
+            _MEASURED[key] = _packed_faster(weights)
+        self.faster = _MEASURED[key]
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
         entry = self._packs.get(id(weight))
@@ -64,6 +112,34 @@ class PackedLinears(TorchFunctionMode):
         if func is F.linear:
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu" and x.dim() >= 2:
+            if (
+                x.dtype == weight.dtype == torch.float32
+                and x.device.type == weight.device.type == "cpu"
+                and x.dim() >= 2
+                and self.weights.use_packed(x.numel() // x.shape[-1])
+            ):
                 return torch.ops.mkldnn._linear_pointwise(x, self.weights.get(weight), bias, "none", [], "")
         return func(*args, **kwargs)
+
+
+def _packed_faster(weights: list[torch.Tensor]) -> tuple[bool, ...]:
+    """Per row bucket, whether the packed path ran ``weights`` faster than torch's, timed now: both
+    warmed up, then three alternating rounds, the best of each (a first pass at a new size costs
+    more on either path, and a lone slow round must not decide)."""
+    packs = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]  # timed only, not kept
+    choice = []
+    for rows in ROW_BUCKETS:
+        inputs = [torch.randn(rows, w.shape[1]) for w in weights]
+        paths = (
+            lambda: [F.linear(x, w) for x, w in zip(inputs, weights)],  # noqa: B023 (called in this iteration)
+            lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in zip(inputs, packs)],  # noqa: B023
+        )
+        best = [float("inf"), float("inf")]
+        for round_ in range(4):
+            for i, path in enumerate(paths):
+                start = time.perf_counter()
+                path()
+                if round_:  # round 0 warms both up
+                    best[i] = min(best[i], time.perf_counter() - start)
+        choice.append(best[1] < best[0])
+    return tuple(choice)
