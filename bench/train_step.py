@@ -61,6 +61,7 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
     prompt_ids = [chat.encode_chat(c) for c in chats for _ in range(GENERATIONS)]
     gen_s = upd_s = tokens = processed = 0
+    update_steps = []
     for step in range(steps):
         t0 = time.perf_counter()
         outs = chat.generate_ids(prompt_ids, sampling.model_copy(update={"seed": step}), adapters=["agent"] * len(prompt_ids))
@@ -96,9 +97,11 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
         t2 = time.perf_counter()
         gen_s += t1 - t0
         upd_s += t2 - t1
+        update_steps.append(t2 - t1)
     return {
         "generate_s": gen_s / steps,
         "update_s": upd_s / steps,
+        "update_steps": update_steps,
         "step_s": (gen_s + upd_s) / steps,
         "tok_s": tokens / (gen_s + upd_s),
         "tokens": tokens / steps,
@@ -199,6 +202,13 @@ def main() -> None:
     print(f"{'ours':<8}{a['step_s']:>9.1f}{a['generate_s']:>12.1f}{a['update_s']:>10.1f}{a['tokens']:>14.0f}{a['tok_s']:>9.1f}")
     print(
         f"{'trl':<8}{b['step_s']:>9.1f}{'-':>12}{'-':>10}{b['tokens']:>14.0f}{b['tok_s']:>9.1f}   (trl does not split phases; callback step {b['callback_step_s']:.1f}s)"
+    )
+    print()
+    steady = a["update_steps"][1:]
+    print(
+        "ours, update seconds by step: "
+        + ", ".join(f"{t:.1f}" for t in a["update_steps"])
+        + (f" (without the first: bound fraction {bound / (sum(steady) / len(steady)):.3f}; RESULT counts every step)" if steady else "")
     )
     print()
     print(
