@@ -80,13 +80,14 @@ def test_sampling_after_a_weight_update_scores_under_the_new_weights(tiny_chat):
     assert clone.packed is not None and len(clone.packed) == 0
 
 
-def test_calibration_routes_each_call_by_its_row_count():
+def test_calibration_routes_each_call_by_its_row_count(tmp_path, monkeypatch):
     """Calibration records a choice per row bucket; a call takes the packed path only where that
     choice says packed is faster at its row count."""
     torch.manual_seed(0)
     big = torch.randn(200, 96)
     packed = PackedWeights()
     assert not packed.calibrated and not packed.use_packed(8)
+    monkeypatch.setenv("SCOPE_CACHE", str(tmp_path))
     packed.calibrate([big, torch.randn(16, 96)])
     assert packed.calibrated and len(packed.faster) == len(ROW_BUCKETS)
     assert [row_bucket(r) for r in (1, 2, 3, 8, 20, 30, 64, 500)] == [0, 0, 1, 1, 1, 2, 2, 2]
@@ -98,6 +99,30 @@ def test_calibration_routes_each_call_by_its_row_count():
         assert len(packed) == 0, "no call so far had the packed choice"
         torch.testing.assert_close(F.linear(x := torch.randn(4, 96), big), x @ big.T, atol=2e-4, rtol=1e-5)
         assert len(packed) == 1, "4 rows: packed"
+
+
+def test_the_choice_is_stored_per_machine_so_every_process_takes_the_same_path(tmp_path, monkeypatch):
+    """The first calibration on a machine measures and stores its choice; a later process (here: a
+    fresh in-process memo) reads the stored choice instead of timing again, so a Ray actor, a
+    torchrun rank or a resumed run samples through the same kernels."""
+    import json
+
+    import scope_marl.backends.packed_linear as pl
+
+    monkeypatch.setenv("SCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(pl, "_MEASURED", {})
+    weights = [torch.randn(200, 96), torch.randn(16, 96)]
+    first = PackedWeights()
+    first.calibrate(weights)
+    table = json.loads((tmp_path / pl.CHOICES_FILE).read_text())
+    (key,) = table
+    assert tuple(table[key]) == first.faster
+    table[key] = [not v for v in table[key]]  # as if another process had measured the opposite
+    (tmp_path / pl.CHOICES_FILE).write_text(json.dumps(table))
+    monkeypatch.setattr(pl, "_MEASURED", {})  # a new process: nothing in memory
+    later = PackedWeights()
+    later.calibrate(weights)
+    assert later.faster == tuple(not v for v in first.faster), "the stored choice wins over a new timing"
 
 
 def test_a_chat_calibrates_once_when_it_opens_a_session(tiny_chat):

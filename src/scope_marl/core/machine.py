@@ -7,7 +7,28 @@ to estimate how long each part will take, and every bench script prints it besid
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
+
+
+def scope_cache_dir() -> Path:
+    """Where this machine's caches live (converted models, vLLM's venv, measured kernel choices):
+    ``$SCOPE_CACHE``, else ``~/.cache/scope_marl``."""
+    return Path(os.environ.get("SCOPE_CACHE") or Path.home() / ".cache" / "scope_marl")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine()
 
 
 def gemm_gflops(size: int = 2048, repeats: int = 10, best_of: int = 1) -> float:
