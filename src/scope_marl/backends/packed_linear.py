@@ -86,7 +86,8 @@ class PackedWeights:
     @torch.no_grad()
     def calibrate(self, weights: Iterable[torch.Tensor]) -> None:
         """Time the linear layers of ``weights`` (a model's, in forward order) both ways at every
-        row bucket; a model of shapes this process has timed already is not timed again."""
+        row bucket, unless this machine has a stored choice for them (same CPU, torch, threads and
+        shapes): then that choice is used."""
         weights = [w.detach() for w in weights if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2]
         key = (
             f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
