@@ -125,6 +125,19 @@ def test_the_choice_is_stored_per_machine_so_every_process_takes_the_same_path(t
     assert later.faster == tuple(not v for v in first.faster), "the stored choice wins over a new timing"
 
 
+def test_an_unwritable_cache_still_calibrates_and_says_what_to_fix(tmp_path, monkeypatch):
+    import scope_marl.backends.packed_linear as pl
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("SCOPE_CACHE", str(blocker))
+    monkeypatch.setattr(pl, "_MEASURED", {})
+    packed = PackedWeights()
+    with pytest.warns(UserWarning, match=r"SCOPE_CACHE"):
+        packed.calibrate([torch.randn(200, 96)])
+    assert packed.calibrated and len(packed.faster) == len(ROW_BUCKETS)
+
+
 def test_a_chat_calibrates_once_when_it_opens_a_session(tiny_chat):
     assert not tiny_chat.packed.calibrated
     tiny_chat.generate_ids([[5, 6, 7]], SamplingParams(temperature=1.0, max_new_tokens=2, seed=1))

@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 
@@ -140,9 +141,19 @@ def _stored_choice(key: str, weights: list[torch.Tensor]) -> tuple[bool, ...]:
     """The machine's stored choice for ``key``, measured and stored first if there is none (under
     a lock, so processes starting together measure once and agree)."""
     directory = scope_cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / (CHOICES_FILE + ".lock"), "a")
+    except OSError as error:
+        warnings.warn(
+            f"cannot store the packed-weight choice under {directory} ({error}); measured for this process "
+            "only, so another process may pick the other kernel and sample differently in the last bits. "
+            "Fix: point $SCOPE_CACHE at a writable directory.",
+            stacklevel=2,
+        )
+        return _packed_faster(weights)
     path = directory / CHOICES_FILE
-    with open(directory / (CHOICES_FILE + ".lock"), "a") as lock:
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         try:
             table = json.loads(path.read_text())
