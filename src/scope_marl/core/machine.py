@@ -8,6 +8,7 @@ to estimate how long each part will take, and every bench script prints it besid
 from __future__ import annotations
 
 import os
+import platform
 import time
 from pathlib import Path
 
@@ -26,8 +27,6 @@ def cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.machine()
 
 
