@@ -47,8 +47,12 @@ def seconds(fn, rounds: int = 5, repeats: int = 5) -> float:
     return best
 
 
+FLOOR = sampling.TAIL_FLOOR_NATS
+
+
 def floored(on: bool) -> None:
-    value = sampling.TAIL_FLOOR_NATS if on else float("inf")
+    """Scoring with the floor (``on``) or without it (an infinite floor), in both modules."""
+    value = FLOOR if on else float("inf")
     token_logprobs.TAIL_FLOOR_NATS = value
     sampling.TAIL_FLOOR_NATS = value
 
@@ -62,7 +66,7 @@ def main() -> None:
     hidden = out.hidden_states[-1][0, :ROWS].contiguous()
     head = chat.model.get_output_embeddings().weight
     targets = ids[0, 1 : ROWS + 1]
-    floor = sampling.TAIL_FLOOR_NATS
+    floor = FLOOR
     print(f"GEMM 2048x2048 fp32: {gemm_gflops(repeats=10):.1f} GFLOP/s; {ROWS} rows x {logits.shape[1]} tokens; floor {floor:g} nats")
     shallow, deep = -50 * torch.rand(logits.shape), -120 * torch.rand(logits.shape)  # deep: ~27% of exps subnormal
     normal_s, subnormal_s = seconds(shallow.exp), seconds(deep.exp)

@@ -34,7 +34,7 @@ def sample_next(
     """
     greedy = sampling.temperature == 0.0
     scaled = logits.float() / (1.0 if greedy else sampling.temperature)
-    scaled = scaled.clamp(min=scaled.amax(-1, keepdim=True) - TAIL_FLOOR_NATS)
+    scaled.clamp_(min=scaled.amax(-1, keepdim=True) - TAIL_FLOOR_NATS)  # scaled is a fresh tensor
     logp = torch.log_softmax(scaled, dim=-1)
     probs = logp.exp()
     entropy = -(probs * logp).sum(-1)
