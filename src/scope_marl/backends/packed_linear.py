@@ -6,8 +6,9 @@ multiplication: the LM head (49,152 x 576) at 46 rows ran at ~90 GFLOP/s where t
 with the weight packed once by oneDNN runs at ~190 (``bench/packed_linear.py`` measures it here).
 This is what ``torch.compile``'s CPU "freezing" does, without compiling anything.
 
-:class:`PackedLinears` is a ``TorchFunctionMode``: inside it, every ``F.linear`` on a float32 CPU
-tensor uses a packed copy of its weight, made on first use and remade whenever the weight changes
+:class:`PackedLinears` is a ``TorchFunctionMode``: inside it, an ``F.linear`` on a float32 CPU
+tensor (at a row count where packing pays, below) uses a packed copy of its weight, made on first
+use and remade whenever the weight changes
 (its version counter moves: an optimizer step, a load), so a learner sharing the model never
 samples from stale weights. Outside it nothing changes; the learner's forward and backward use
 torch's own path. Packed copies cost one more copy of the weights' memory.
@@ -102,7 +103,7 @@ class PackedWeights:
         entry = self._packs.get(id(weight))
         if entry is not None and entry[0]() is weight and entry[1] == weight._version:
             return entry[2]
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        packed = _pack(weight.detach())
         key = id(weight)
         # The pack goes when its weight does (an evicted pool member's adapter, a replaced tensor).
         self._packs[key] = (weakref.ref(weight, lambda _: self._packs.pop(key, None)), weight._version, packed)
@@ -133,8 +134,18 @@ class PackedLinears(TorchFunctionMode):
                 and x.dim() >= 2
                 and self.weights.use_packed(x.numel() // x.shape[-1])
             ):
-                return torch.ops.mkldnn._linear_pointwise(x, self.weights.get(weight), bias, "none", [], "")
+                return _packed_linear(x, self.weights.get(weight), bias)
         return func(*args, **kwargs)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of a ``[out, in]`` weight."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` on a packed weight (what the mode runs and what calibration times)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def _stored_choice(key: str, weights: list[torch.Tensor]) -> tuple[bool, ...]:
@@ -169,13 +180,13 @@ def _packed_faster(weights: list[torch.Tensor]) -> tuple[bool, ...]:
     """Per row bucket, whether the packed path ran ``weights`` faster than torch's, timed now: both
     warmed up, then three alternating rounds, the best of each (a first pass at a new size costs
     more on either path, and a lone slow round must not decide)."""
-    packs = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]  # timed only, not kept
+    packs = [_pack(w) for w in weights]  # timed only, not kept
     choice = []
     for rows in ROW_BUCKETS:
         inputs = [torch.randn(rows, w.shape[1]) for w in weights]
         paths = (
             lambda: [F.linear(x, w) for x, w in zip(inputs, weights)],  # noqa: B023 (called in this iteration)
-            lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in zip(inputs, packs)],  # noqa: B023
+            lambda: [_packed_linear(x, p, None) for x, p in zip(inputs, packs)],  # noqa: B023
         )
         best = [float("inf"), float("inf")]
         for round_ in range(4):
