@@ -12,13 +12,12 @@ Both roles run on the same model, as in self-play / co-training.
       run). For the workload each engine run actually played, a perfect implementation needs: every
       decode step the engine ran, batched at min(64, its live rows), each taking the larger of its
       FLOP time (2 x params + attention over the context, per row) and its bytes time (every fp32
-      weight, LM head included, read once, plus each row's KV cache at the mean context of the
-      generated tokens, 46,080 bytes a token for SmolLM2-135M in fp32); plus the prefilled tokens at
-      the GEMM rate. An episode's turns are sequential, so the live rows per step are the
-      workload's (8 turns of up to 48 tokens need ~384 steps however the batch is run), not 64 always.
-      roofline_fraction = that time / the engine's whole wall time (templating, sampling and
-      bookkeeping included). The mean context is read off the agent's streams (both roles play the
-      same model with turns of the same length here).
+      weight, LM head included, read once, plus the KV cache its rows attended over, 46,080 bytes a
+      column for SmolLM2-135M in fp32, counted by the engine for both roles' rows at every step);
+      plus the prefilled tokens at the GEMM rate. An episode's turns are sequential, so the live rows
+      per step are the workload's (8 turns of up to 48 tokens need ~384 steps however the batch is
+      run), not 64 always. roofline_fraction = that time / the engine's whole wall time (templating,
+      sampling and bookkeeping included). "mean ctx" = the mean columns a decoding row attended over.
   (e) vLLM: when its venv exists (``scope serve vllm --install-only``) or --vllm-url names a running
       server, the RESULT run's episodes (same tasks, seeds and sampling) are played again with both
       roles on a vLLM CPU server, after every local run; the ``VLLM`` line gives both tok/s.
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from scope_marl.backends import rows_attention
 from scope_marl.backends.base import BackendError
 from scope_marl.backends.embedded import load_embedded
 from scope_marl.backends.seat import Seat
@@ -110,16 +110,14 @@ def vllm_tok_s(url: str, env, concurrent: int, seed: int) -> float:
 def engine_run(chat, env, concurrent: int, seed: int) -> dict:
     engine, tasks = make_engine(chat, env, concurrent, seed)
     hits, misses = chat.prefix_cache.hits, chat.prefix_cache.misses
-    before, steps_before = dict(chat.timings), chat.steps_by_rows.copy()
+    before, steps_before, columns_before = dict(chat.timings), chat.steps_by_rows.copy(), chat.columns_by_rows.copy()
     episodes = engine.run(tasks)
     turns = sum(len(e.messages) for e in episodes)
     assert turns == len(episodes) * 2 * EXCHANGES == concurrent * 2 * EXCHANGES, "every episode must play all its turns"
     prefilled = chat.prefix_cache.misses - misses
     phases = {k: chat.timings[k] - before[k] for k in before}
-    contexts = [len(s.prompt_ids) + j for e in episodes for s in [e.streams[AGENT]] for j, m in enumerate(s.loss_mask) if m]
     return {
         **phases,
-        "mean_context": sum(contexts) / len(contexts),
         "episodes": len(episodes),
         "tokens": engine.stats.generated_tokens,
         "seconds": engine.stats.seconds,
@@ -127,6 +125,7 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
         "reused": chat.prefix_cache.hits - hits,
         "calls": engine.stats.model_calls,
         "steps_by_rows": chat.steps_by_rows - steps_before,
+        "columns_by_rows": chat.columns_by_rows - columns_before,
     }
 
 
@@ -135,10 +134,10 @@ def perfect_seconds(r: dict, params: int, cfg, gflops: float, gbps: float) -> fl
     layers, width = cfg.num_hidden_layers, cfg.hidden_size
     head_dim = getattr(cfg, "head_dim", None) or width // cfg.num_attention_heads
     kv_bytes = 2 * layers * cfg.num_key_value_heads * head_dim * 4  # K and V, fp32
-    ctx = r["mean_context"]
     decode = 0.0
     for live, steps in r["steps_by_rows"].items():
         rows = min(64, live)
+        ctx = r["columns_by_rows"][live] / (steps * live)  # the mean columns a row of these steps attended over
         step_flops = rows * (2 * params + 4 * layers * width * ctx)
         step_bytes = 4 * params + rows * ctx * kv_bytes
         decode += steps * max(step_flops / (gflops * 1e9), step_bytes / (gbps * 1e9))
@@ -179,6 +178,7 @@ def main() -> None:
     print(f"model: SmolLM2-135M-Instruct fp32, {params / 1e6:.1f}M parameters, {args.threads} threads")
     print(f"GEMM 2048x2048 fp32: {gflops:.1f} GFLOP/s -> FLOP bound {bound:.1f} generated tok/s")
     print(f"memory read: {gbps:.1f} GB/s (buffer {4 * last_level_cache_bytes() / 2**20:.0f} MiB = 4x the last-level cache)")
+    print(f"decode attention: {'compiled rows_attention op' if rows_attention.load() else 'SDPA (the op could not be built)'}")
     print(f"workload: {EXCHANGES} exchanges, <= {NEW_TOKENS} new tokens a turn, T={SAMPLING.temperature}, top_p={SAMPLING.top_p}")
     print()
     header = f"{'run':<12}{'episodes':>9}{'gen tokens':>11}{'seconds':>9}{'tok/s':>9}{'x naive':>9}{'of bound':>9}{'prefill tok':>12}{'reused tok':>11}"
@@ -220,8 +220,9 @@ def main() -> None:
     print(f"{'run':<12}{'mean ctx':>9}{'prefilled':>10}{'perfect s':>10}{'engine s':>9}{'roofline':>9}{'FLOP-only':>10}")
     for size, r in runs.items():
         r["perfect_s"] = perfect_seconds(r, params, chat.model.config, gflops, gbps)
+        mean_context = r["columns_by_rows"].total() / max(sum(rows * n for rows, n in r["steps_by_rows"].items()), 1)
         print(
-            f"{'engine@' + str(size):<12}{r['mean_context']:>9.0f}{r['prefilled']:>10}{r['perfect_s']:>10.1f}{r['seconds']:>9.1f}"
+            f"{'engine@' + str(size):<12}{mean_context:>9.0f}{r['prefilled']:>10}{r['perfect_s']:>10.1f}{r['seconds']:>9.1f}"
             f"{r['perfect_s'] / r['seconds']:>9.3f}{r['tokens'] / r['seconds'] / bound:>10.3f}"
         )
     at = 64 if 64 in runs else max(runs)  # the RESULT line reports 64 concurrent episodes (--quick: its largest)

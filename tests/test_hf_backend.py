@@ -69,6 +69,19 @@ def test_same_seed_same_sample_and_different_seed_differs(tiny_chat):
     assert [o.token_ids for o in a] != [o.token_ids for o in c]
 
 
+def test_decode_steps_count_the_columns_each_row_attends_over(tiny_chat):
+    """The rollout bench's roofline reads the KV cache bytes off these counts."""
+    prompt_ids = tiny_chat.encode_chat(PROMPTS[1])
+    steps, columns = tiny_chat.steps_by_rows.copy(), tiny_chat.columns_by_rows.copy()
+    out = tiny_chat.generate_ids([prompt_ids], SamplingParams(temperature=0.0, max_new_tokens=9))[0]
+    n = len(out.token_ids)
+    assert n > 2
+    # The first token comes from the prefill; each later one from a decode step fed the previous
+    # token at column len(prompt) + i, which sees columns [0, len(prompt) + i].
+    assert (tiny_chat.steps_by_rows - steps) == {1: n - 1}
+    assert (tiny_chat.columns_by_rows - columns) == {1: sum(len(prompt_ids) + i + 1 for i in range(n - 1))}
+
+
 def test_max_new_tokens_and_finish_reason(tiny_chat):
     outs = tiny_chat.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=5, seed=0))
     for out in outs:

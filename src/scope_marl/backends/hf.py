@@ -76,6 +76,8 @@ class HFChatModel(ChatTokens):
         self.timings = {"prefill_s": 0.0, "decode_s": 0.0, "sample_s": 0.0, "copy_s": 0.0}
         # Decode steps by live rows: the step count, the rows decoded and each step's batch (a roofline needs it).
         self.steps_by_rows: Counter[int] = Counter()
+        # ... and the cache columns those steps' rows attended over, summed (a roofline's KV bytes).
+        self.columns_by_rows: Counter[int] = Counter()
         self.packed = PackedWeights() if packing_available() else None  # decoding's pre-packed weights
 
     def __getstate__(self) -> dict:

@@ -9,9 +9,10 @@ by the model per layer) writes each token's key/value at its slot and column, an
 (called by the attention function, ``backends.attention``) computes each token's attention over
 its own slot:
 
-* decoding tokens together: one SDPA call over slots ``[0, n)`` up to the longest length, each
-  row masked to its own columns (grouped query heads packed per key/value head, no copy);
-* each prefill chunk on its own: causal over its slot's columns ``[0, start + count)``.
+* decoding tokens together: one call of ``backends.rows_attention``'s compiled op, which reads each
+  row's own columns only (where it cannot be built: one SDPA call over slots ``[0, n)`` up to the
+  longest length, each row masked to its own columns, grouped query heads packed per key/value head);
+* each prefill chunk on its own: SDPA, causal over its slot's columns ``[0, start + count)``.
 
 A token therefore sees exactly the columns it would see alone, whatever shares its step.
 """
@@ -25,14 +26,20 @@ import torch.nn.functional as F
 class RowCache:
     """One slot per sequence, each with its own length; one packed step at a time (module docstring).
 
-    Buffers grow (zeroed, so masked columns hold finite numbers: attention multiplies them by an
-    exact 0) when a sequence needs more columns or slots than allocated.
+    Buffers grow when a sequence needs more columns or slots than allocated (zeroed for the SDPA
+    fallback, so masked columns hold finite numbers: attention multiplies them by an exact 0).
     """
 
     GROWTH = 1.5  # capacity grows geometrically, so appending columns costs amortized O(1) copies
 
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype, device):
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype, device, compiled: bool = True):
+        """``compiled=False`` decodes with SDPA even where the compiled op builds (the reference it is tested against)."""
         self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
+        self.rows_attention = None
+        if compiled and dtype == torch.float32 and torch.device(device).type == "cpu":
+            from .rows_attention import load
+
+            self.rows_attention = load()
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -59,13 +66,17 @@ class RowCache:
         new_cols = max(columns, self.columns if columns <= self.columns else int(self.columns * self.GROWTH))
         shape = (new_slots, self.kv_heads, new_cols, self.head_dim)
         used = int(self.lengths.max()) if self.slots else 0
+        # The compiled op reads only written columns, so its buffers need no zeroing (and pages never
+        # written are never faulted in); SDPA's masked read needs finite numbers everywhere.
+        allocate = torch.empty if self.rows_attention is not None else torch.zeros
         for buffers in (self.keys, self.values):
             old = list(buffers)
             buffers.clear()
             for layer in range(self.num_layers):
-                buffers.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+                buffers.append(allocate(shape, dtype=self.dtype, device=self.device))
                 if old:
                     buffers[layer][: self.slots, :, :used] = old[layer][:, :, :used]
+                    old[layer] = None  # freed as it goes: the peak is one layer over the new size, not twice the cache
         lengths = torch.zeros(new_slots, dtype=torch.long, device=self.device)
         lengths[: self.slots] = self.lengths
         self.lengths = lengths
@@ -103,7 +114,7 @@ class RowCache:
         """Lay out a step: token ``i < len(decode)`` is the next token of slot ``decode[i]`` (written at
         its slot's length), then each chunk ``(slot, start, count)`` in order. Returns each token's
         position (its column)."""
-        self._step = _Step(self, decode, chunks)
+        self._step = _Step(self, decode, chunks, masks=self.rows_attention is None)
         return self._step.column
 
     def end_step(self) -> None:
@@ -128,7 +139,12 @@ class RowCache:
         tokens, heads, _, dim = query.shape
         out = query.new_empty(tokens, heads, dim)
         keys, values = self.keys[layer], self.values[layer]
-        if step.decoding:
+        if step.decoding and self.rows_attention is not None:
+            q = query[: step.decoding, :, 0].contiguous()
+            out[: step.decoding] = self.rows_attention(
+                q, keys, values, step.decode_slots, step.visible, dim**-0.5 if scale is None else scale
+            )
+        elif step.decoding:
             n, span, nd = step.region, step.span, step.decoding
             q = query[:nd, :, 0]
             if step.scattered is not None:  # decoding slots with gaps: queries placed at their slots
@@ -156,7 +172,7 @@ class RowCache:
 class _Step:
     """Where one packed step's tokens go (slot and column per token) and the masks its attention uses."""
 
-    def __init__(self, cache: RowCache, decode: list[int], chunks: list[tuple[int, int, int]]):
+    def __init__(self, cache: RowCache, decode: list[int], chunks: list[tuple[int, int, int]], masks: bool):
         device = cache.device
         self.chunks = chunks
         self.decoding = len(decode)
@@ -166,17 +182,19 @@ class _Step:
         self.scattered = None
         if decode:
             self.decode_slots = torch.tensor(decode, device=device)
-            self.region = max(decode) + 1  # decoding attends over slots [0, region) at once
-            if self.region != len(decode):
-                self.scattered = self.decode_slots
-            lengths = cache.lengths[: self.region]
-            self.span = int(lengths.max()) + 1
-            cols = torch.arange(self.span, device=device)
-            # Each row sees its columns up to the one it writes now; rows in the region that do not
-            # decode get the same harmless mask (their output is dropped).
-            self.decode_mask = (cols[None, :] <= lengths[:, None])[:, None, None, :]
+            written = cache.lengths[self.decode_slots]  # each row writes its token at its length...
+            self.visible = written + 1  # ...and sees every column up to that one
+            if masks:  # SDPA's layout: slots [0, region) at once, each masked to its own columns
+                self.region = max(decode) + 1
+                if self.region != len(decode):
+                    self.scattered = self.decode_slots
+                lengths = cache.lengths[: self.region]
+                self.span = int(lengths.max()) + 1
+                cols = torch.arange(self.span, device=device)
+                # Rows in the region that do not decode get the same harmless mask (their output is dropped).
+                self.decode_mask = (cols[None, :] <= lengths[:, None])[:, None, None, :]
             slots.append(self.decode_slots)
-            columns.append(cache.lengths[self.decode_slots])
+            columns.append(written)
         self.chunk_masks = []
         for slot, start, count in chunks:
             slots.append(torch.full((count,), slot, dtype=torch.long, device=device))
