@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import resource
 import tempfile
 import time
 
@@ -61,7 +62,7 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
     prompt_ids = [chat.encode_chat(c) for c in chats for _ in range(GENERATIONS)]
     gen_s = upd_s = tokens = processed = 0
-    update_steps = []
+    update_steps, update_system = [], []
     for step in range(steps):
         t0 = time.perf_counter()
         outs = chat.generate_ids(prompt_ids, sampling.model_copy(update={"seed": step}), adapters=["agent"] * len(prompt_ids))
@@ -93,8 +94,10 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
             tokens += n
             processed += n
         processed += sum(len(p) for p in {tuple(o.prompt_ids) for o in outs})  # each group's prompt runs once
+        system = resource.getrusage(resource.RUSAGE_SELF).ru_stime
         learner.step(episodes)
         t2 = time.perf_counter()
+        update_system.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - system)
         gen_s += t1 - t0
         upd_s += t2 - t1
         update_steps.append(t2 - t1)
@@ -102,6 +105,7 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
         "generate_s": gen_s / steps,
         "update_s": upd_s / steps,
         "update_steps": update_steps,
+        "update_system": update_system,
         "step_s": (gen_s + upd_s) / steps,
         "tok_s": tokens / (gen_s + upd_s),
         "tokens": tokens / steps,
@@ -210,6 +214,9 @@ def main() -> None:
         + ", ".join(f"{t:.1f}" for t in a["update_steps"])
         + (f" (without the first: bound fraction {bound / (sum(steady) / len(steady)):.3f}; RESULT counts every step)" if steady else "")
     )
+    # Kernel time is mostly page faults: memory the process touches for the first time (on some VMs
+    # costly when the guest itself has not used those pages yet), so it varies between runs.
+    print("ours, of which kernel (system) seconds: " + ", ".join(f"{t:.1f}" for t in a["update_system"]))
     print()
     print(
         f"RESULT ours_tok_s={a['tok_s']:.2f} trl_tok_s={b['tok_s']:.2f} ratio={a['tok_s'] / b['tok_s']:.2f} "

@@ -122,6 +122,25 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(co_training):
     assert any(p.grad.abs().sum() > 0 for p in full.params)
 
 
+def test_micro_batches_count_a_shared_prompt_once_and_keep_groups_whole(co_training):
+    from scope_marl.core.types import RoleStream
+
+    chat, _ = co_training
+
+    def stream(prompt: int, response: int) -> RoleStream:
+        per_token = {"loss_mask": [1] * response, "logprobs": [0.0] * response, "entropies": [0.0] * response}
+        return RoleStream(role=AGENT, prompt_ids=[prompt] * 100, response_ids=[1] * response, **per_token)
+
+    # Two groups of 4 rollouts, 100-token prompts, responses of 10-40 tokens.
+    streams = [stream(group, 10 * (i + 1)) for group in (7, 8) for i in range(4)]
+    learner = Learner(chat, AGENT, "agent", SAMPLING.temperature, LearnerConfig(token_budget=260))
+    # One group: its prompt once (100) + 4 responses padded to 40 (160) = 260, within the budget;
+    # the next stream adds a second prompt: over it. Padded width x count (140 x 4 = 560) would split each group.
+    assert learner._micro_batches(streams) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    learner.config.token_budget = 259  # a group alone over the budget splits where it must
+    assert learner._micro_batches(streams) == [[0, 1, 2], [3], [4, 5, 6], [7]]
+
+
 def test_failed_and_truncated_episodes_are_excluded_by_default(co_training):
     from scope_marl.core.types import EpisodeStatus
 

@@ -58,15 +58,25 @@ class Learner:
 
     # ---- scoring ---------------------------------------------------------------------------------
     def _micro_batches(self, streams: Sequence[RoleStream]) -> list[list[int]]:
-        """Consecutive stream indices whose padded size stays within the token budget."""
-        batches, current, width = [], [], 0
+        """Consecutive stream indices whose forward pass stays within the token budget, counted as
+        :meth:`score` runs it: each distinct prompt once, padded to the longest prompt, plus every
+        response padded to the longest response. A GRPO group's rollouts share their prompt, so a
+        group's later rollouts cost only their responses and a group is split only when it alone
+        exceeds the budget (a split group runs its prompt once per micro-batch)."""
+        batches, current = [], []
+        prompts: set[tuple[int, ...]] = set()
+        prompt_width = response_width = 0
         for i, s in enumerate(streams):
-            length = len(s.prompt_ids) + len(s.response_ids)
-            if current and max(width, length) * (len(current) + 1) > self.config.token_budget:
+            prompt = tuple(s.prompt_ids)
+            widths = max(prompt_width, len(prompt)), max(response_width, len(s.response_ids))
+            cost = (len(prompts) + (prompt not in prompts)) * widths[0] + (len(current) + 1) * widths[1]
+            if current and cost > self.config.token_budget:
                 batches.append(current)
-                current, width = [], 0
+                current, prompts = [], set()
+                widths = len(prompt), len(s.response_ids)
             current.append(i)
-            width = max(width, length)
+            prompts.add(prompt)
+            prompt_width, response_width = widths
         return batches + ([current] if current else [])
 
     def score(self, streams: Sequence[RoleStream], use_adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
