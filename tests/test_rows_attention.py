@@ -107,3 +107,12 @@ def test_a_compile_error_is_a_build_error_and_leaves_no_file(monkeypatch, tmp_pa
     with pytest.raises(rows_attention.BuildError, match="could not compile broken.cpp"):
         rows_attention.build(tmp_path / "kernels")
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_an_unwritable_cache_is_a_build_error_naming_the_fix(monkeypatch, tmp_path):
+    if rows_attention.compiler() is None:
+        pytest.skip("no C++ compiler here")
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should be\n")
+    with pytest.raises(rows_attention.BuildError, match="SCOPE_CACHE"):
+        rows_attention.build(blocker / "kernels")

@@ -87,8 +87,13 @@ def build(directory: Path | None = None) -> Path:
         if result.returncode != 0:
             tail = "\n".join(result.stderr.strip().splitlines()[-5:])
             raise BuildError(f"{cxx} could not compile {SOURCE.name}:\n{tail}\nFix: install g++ (Debian/Ubuntu: apt install g++)")
-        with files.atomic_file(target, "wb", durable=False) as handle:  # processes building together: one whole file wins
-            handle.write(built.read_bytes())
+        try:
+            with files.atomic_file(target, "wb", durable=False) as handle:  # processes building together: one whole file wins
+                handle.write(built.read_bytes())
+        except OSError as error:
+            raise BuildError(
+                f"cannot store the built op under {target.parent} ({error}). Fix: point $SCOPE_CACHE at a writable directory"
+            ) from None
     return target
 
 
