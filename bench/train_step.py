@@ -214,9 +214,9 @@ def main() -> None:
         + ", ".join(f"{t:.1f}" for t in a["update_steps"])
         + (f" (without the first: bound fraction {bound / (sum(steady) / len(steady)):.3f}; RESULT counts every step)" if steady else "")
     )
-    # Kernel time is mostly page faults: memory the process touches for the first time (on some VMs
-    # costly when the guest itself has not used those pages yet), so it varies between runs.
-    print("ours, of which kernel (system) seconds: " + ", ".join(f"{t:.1f}" for t in a["update_system"]))
+    # Kernel time is mostly page faults on memory the process touches for the first time (costly on
+    # some VMs), so it varies between runs; CPU seconds of all threads, not wall time.
+    print("ours, kernel (system) CPU seconds by update step, all threads: " + ", ".join(f"{t:.1f}" for t in a["update_system"]))
     print()
     print(
         f"RESULT ours_tok_s={a['tok_s']:.2f} trl_tok_s={b['tok_s']:.2f} ratio={a['tok_s'] / b['tok_s']:.2f} "
