@@ -85,7 +85,7 @@ class DecodeSession:
         self.device = next(chat.model.parameters()).device
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.cache = RowCache(cfg.num_hidden_layers, kv_heads, head_dim, torch.float32, self.device)
+        self.cache = RowCache(cfg.num_hidden_layers, kv_heads, head_dim, torch.float32, self.device, compiled=chat.compiled_attention)
         chat.calibrate_packing()
         self.pending: deque[Row] = deque()
         self.slots: list[Row | None] = []  # the row in each cache slot; None = free

@@ -79,6 +79,8 @@ class HFChatModel(ChatTokens):
         # ... and the cache columns those steps' rows attended over, summed (a roofline's KV bytes).
         self.columns_by_rows: Counter[int] = Counter()
         self.packed = PackedWeights() if packing_available() else None  # decoding's pre-packed weights
+        # Decode attention through the compiled op (backends.rows_attention) where it builds; False: torch's SDPA.
+        self.compiled_attention = True
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "packed": None}  # packed copies are remade where they are used
