@@ -301,9 +301,8 @@ class DecodeSession:
         chat.prefix_cache.misses += prefilled
         if decode:
             chat.steps_by_rows[len(decode)] += 1
-            chat.columns_by_rows[len(decode)] += int(positions[: len(decode)].sum()) + len(
-                decode
-            )  # a row sees its columns up to its new one
+            seen = int(positions[: len(decode)].sum()) + len(decode)  # a row sees its columns up to its new one
+            chat.columns_by_rows[len(decode)] += seen
         return logits
 
     def _timed(self, phase: str, fn, *args):
