@@ -71,6 +71,23 @@ def test_decode_step_matches_sdpa_with_a_prefill_chunk_beside_it(op, decode):
     assert torch.equal(compiled.lengths, reference.lengths)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 4, 64), (8, 2, 32)], ids=["smollm2", "group-2", "dim-32"])
+def test_every_head_shape_matches_sdpa(op, heads, kv_heads, dim):
+    """The common shape runs a compile-time specialization, the others the general loops: both exact."""
+    generator = torch.Generator().manual_seed(2)
+    keys = torch.randn(5, kv_heads, 300, dim, generator=generator)
+    values = torch.randn(5, kv_heads, 300, dim, generator=generator)
+    query = torch.randn(4, heads, dim, generator=generator)
+    slot, visible = torch.tensor([4, 0, 2, 0]), torch.tensor([300, 1, 123, 77])
+    ours = op(query, keys, values, slot, visible, dim**-0.5)
+    for t in range(4):
+        n = int(visible[t])
+        k = keys[slot[t], :, :n].repeat_interleave(heads // kv_heads, dim=0)
+        v = values[slot[t], :, :n].repeat_interleave(heads // kv_heads, dim=0)
+        reference = torch.nn.functional.scaled_dot_product_attention(query[t][:, None], k, v)[:, 0]
+        torch.testing.assert_close(ours[t], reference, atol=2e-6, rtol=1e-5)
+
+
 def test_each_row_sees_exactly_its_own_columns(op):
     """A row's output must not move when columns past its length change (they are someone's padding)."""
     keys = torch.randn(2, KV_HEADS, 50, DIM)
