@@ -116,7 +116,7 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
     assert turns == len(episodes) * 2 * EXCHANGES == concurrent * 2 * EXCHANGES, "every episode must play all its turns"
     prefilled = chat.prefix_cache.misses - misses
     phases = {k: chat.timings[k] - before[k] for k in before}
-    return {
+    r = {
         **phases,
         "episodes": len(episodes),
         "tokens": engine.stats.generated_tokens,
@@ -127,6 +127,8 @@ def engine_run(chat, env, concurrent: int, seed: int) -> dict:
         "steps_by_rows": chat.steps_by_rows - steps_before,
         "columns_by_rows": chat.columns_by_rows - columns_before,
     }
+    r["decode_rows"] = sum(rows * n for rows, n in r["steps_by_rows"].items())  # rows decoded, over every step
+    return r
 
 
 def perfect_seconds(r: dict, params: int, cfg, gflops: float, gbps: float) -> float:
@@ -208,10 +210,9 @@ def main() -> None:
         other = r["seconds"] - r["prefill_s"] - r["decode_s"] - r["sample_s"] - r["copy_s"]
         decode_steps = r["steps_by_rows"].total()
         steps = max(decode_steps, 1)
-        decode_rows = sum(rows * n for rows, n in r["steps_by_rows"].items())
         print(
             f"{'engine@' + str(size):<12}{r['seconds']:>8.1f}{r['prefill_s']:>9.1f}{r['decode_s']:>9.1f}{r['sample_s']:>9.1f}"
-            f"{r['copy_s']:>9.1f}{other:>8.1f}{decode_steps:>7}{decode_rows / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
+            f"{r['copy_s']:>9.1f}{other:>8.1f}{decode_steps:>7}{r['decode_rows'] / steps:>10.1f}{1000 * r['decode_s'] / steps:>9.1f}"
         )
     print()
     print(
@@ -220,7 +221,7 @@ def main() -> None:
     print(f"{'run':<12}{'mean ctx':>9}{'prefilled':>10}{'perfect s':>10}{'engine s':>9}{'roofline':>9}{'FLOP-only':>10}")
     for size, r in runs.items():
         r["perfect_s"] = perfect_seconds(r, params, chat.model.config, gflops, gbps)
-        mean_context = r["columns_by_rows"].total() / max(sum(rows * n for rows, n in r["steps_by_rows"].items()), 1)
+        mean_context = r["columns_by_rows"].total() / max(r["decode_rows"], 1)
         print(
             f"{'engine@' + str(size):<12}{mean_context:>9.0f}{r['prefilled']:>10}{r['perfect_s']:>10.1f}{r['seconds']:>9.1f}"
             f"{r['perfect_s'] / r['seconds']:>9.3f}{r['tokens'] / r['seconds'] / bound:>10.3f}"
