@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scope_marl.backends import rows_attention
 from scope_marl.backends.kv_cache import RowCache
 
 LAYERS, KV_HEADS, HEADS, DIM = 2, 3, 9, 64
@@ -99,30 +98,3 @@ def test_a_length_outside_the_cache_is_a_clear_error(op):
     keys = values = torch.zeros(1, KV_HEADS, 4, DIM)
     with pytest.raises(RuntimeError, match="outside the cache"):
         op(torch.zeros(1, HEADS, DIM), keys, values, torch.tensor([0]), torch.tensor([5]), 1.0)
-
-
-def test_a_missing_compiler_is_a_build_error_naming_the_fix(monkeypatch, tmp_path):
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    with pytest.raises(rows_attention.BuildError, match="Fix: install g\\+\\+"):
-        rows_attention.build(tmp_path)
-    assert not list(tmp_path.glob("*.so"))
-
-
-def test_a_compile_error_is_a_build_error_and_leaves_no_file(monkeypatch, tmp_path):
-    broken = tmp_path / "broken.cpp"
-    broken.write_text("this is not C++\n")
-    monkeypatch.setattr(rows_attention, "SOURCE", broken)
-    if rows_attention.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    with pytest.raises(rows_attention.BuildError, match="could not compile broken.cpp"):
-        rows_attention.build(tmp_path / "kernels")
-    assert not list(tmp_path.rglob("*.so"))
-
-
-def test_an_unwritable_cache_is_a_build_error_naming_the_fix(monkeypatch, tmp_path):
-    if rows_attention.compiler() is None:
-        pytest.skip("no C++ compiler here")
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("a file where the cache directory should be\n")
-    with pytest.raises(rows_attention.BuildError, match="SCOPE_CACHE"):
-        rows_attention.build(blocker / "kernels")

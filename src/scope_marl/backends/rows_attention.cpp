@@ -1,6 +1,6 @@
 // Attention of packed tokens, each over the first `visible` columns of its own cache slot.
 //
-// Built and loaded by rows_attention.py (which explains why it exists). One task per (token,
+// Built and loaded by kernels.py; rows_attention.py explains why it exists. One task per (token,
 // key/value head), spread over torch's own thread pool (at::parallel_for): the task reads each of its
 // slot's keys once for all the query heads sharing that key/value head, so a decoding row streams
 // exactly its own length of cache, never the padding up to its neighbours' length.
@@ -160,7 +160,7 @@ at::Tensor rows_attention(const at::Tensor& query, const at::Tensor& keys, const
 
 }  // namespace
 
-TORCH_LIBRARY(scope_marl, m) {
+TORCH_LIBRARY_FRAGMENT(scope_marl, m) {
   m.def("rows_attention(Tensor query, Tensor keys, Tensor values, Tensor slot, Tensor visible, float scale) -> Tensor");
   m.impl("rows_attention", c10::DispatchKey::CPU, TORCH_FN(rows_attention));
 }
