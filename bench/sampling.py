@@ -6,7 +6,11 @@ TAIL_FLOOR_NATS below its best (backends/sampling.py says why no drawable token'
 This bench takes 64 rows of next-token logits of SmolLM2-135M over a real text and times, at each
 temperature:
 
-  sample   backends.sampling.sample_next (top_p 0.95): floored vs not, same draws asserted equal
+  sample   backends.sampling.sample_next (top_p 0.95) on torch's ops: floored vs not, same draws asserted equal
+  compiled the compiled sample_rows op (floored, two passes a row) against the floored torch path,
+           and how many rows draw the same id for the same uniform number (a row can differ where
+           the torch path's float log-softmax error, ~1e-5, moves the nucleus boundary past a token:
+           the op sums in double, within ~1e-6 of a float64 computation)
   learner  training.token_logprobs without grad (the learner's LM-head pass, [64, 49,152] logits)
 
 with the fraction of the vocabulary whose log-prob is subnormal-deep (below -87), which is what
@@ -73,7 +77,10 @@ def main() -> None:
     print(
         f"exp() over {ROWS}x{logits.shape[1]}: inputs in [-50, 0] {normal_s * 1e3:.2f} ms, in [-120, 0] {subnormal_s * 1e3:.2f} ms ({subnormal_s / normal_s:.1f}x)"
     )
-    header = f"{'T':>5}{'subnormal':>11}{'sample':>10}{'floored':>10}{'speed-up':>10}{'learner':>10}{'floored':>10}{'speed-up':>10}{'same draws':>12}"
+    header = (
+        f"{'T':>5}{'subnormal':>11}{'sample':>10}{'floored':>10}{'speed-up':>10}{'learner':>10}{'floored':>10}{'speed-up':>10}{'same draws':>12}"
+        f"{'compiled':>10}{'vs floored':>11}{'same ids':>10}"
+    )
     print(header)
     print("-" * len(header))
     for temperature in (1.0, 0.7, 0.3):
@@ -82,16 +89,20 @@ def main() -> None:
         timed, draws = {}, {}
         for on in (False, True):
             floored(on)
-            timed["sample", on] = seconds(lambda p=params: sampling.sample_next(logits, p, None))
+            timed["sample", on] = seconds(lambda p=params: sampling.sample_next(logits, p, None, compiled=False))
             timed["learner", on] = seconds(lambda t=temperature: token_logprobs.token_logprobs(hidden, head, None, targets, t))
-            draws[on] = sampling.sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(ROWS)])
+            draws[on] = sampling.sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(ROWS)], compiled=False)
         floored(True)
+        timed["compiled"] = seconds(lambda p=params: sampling.sample_next(logits, p, None, compiled=True))
+        compiled = sampling.sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(ROWS)], compiled=True)
         same = torch.equal(draws[True][0], draws[False][0]) and torch.allclose(draws[True][1], draws[False][1], atol=1e-6, rtol=0)
         print(
             f"{temperature:>5}{deep:>11.3f}"
             f"{timed['sample', False] * 1e3:>8.1f}ms{timed['sample', True] * 1e3:>8.1f}ms{timed['sample', False] / timed['sample', True]:>9.2f}x"
             f"{timed['learner', False] * 1e3:>8.1f}ms{timed['learner', True] * 1e3:>8.1f}ms{timed['learner', False] / timed['learner', True]:>9.2f}x"
             f"{'yes' if same else 'NO':>12}"
+            f"{timed['compiled'] * 1e3:>8.1f}ms{timed['sample', True] / timed['compiled']:>10.2f}x"
+            f"{f'{int((compiled[0] == draws[True][0]).sum())}/{ROWS}':>10}"
         )
 
 

@@ -9,17 +9,36 @@ import torch
 from transformers import LlamaForCausalLM
 
 
-@pytest.fixture(scope="session")
-def rows_attention_op():
-    """The compiled decode-attention op; skips where no C++ compiler builds it, fails under CI (which installs g++)."""
-    from scope_marl.backends import rows_attention
-
-    found = rows_attention.load()
+def _compiled(load, what: str):
+    """A compiled op (backends.kernels); skips where no C++ compiler builds it, fails under CI (which installs g++)."""
+    found = load()
     if found is None:
         if os.environ.get("CI"):
-            pytest.fail("CI must build the decode-attention op (a C++ compiler is installed there)")
-        pytest.skip("no working C++ compiler here: the decode-attention op cannot be built")
+            pytest.fail(f"CI must build the {what} op (a C++ compiler is installed there)")
+        pytest.skip(f"no working C++ compiler here: the {what} op cannot be built")
     return found
+
+
+@pytest.fixture(scope="session")
+def rows_attention_op():
+    from scope_marl.backends import rows_attention
+
+    return _compiled(rows_attention.load, "decode-attention")
+
+
+@pytest.fixture(scope="session")
+def sample_rows_op():
+    from scope_marl.backends import sampling
+
+    return _compiled(sampling.compiled_sampler, "sampling")
+
+
+@pytest.fixture(params=["torch", "compiled"])
+def compiled_sampling(request) -> bool:
+    """Each sampling test runs on torch's ops and on the compiled op."""
+    if request.param == "compiled":
+        request.getfixturevalue("sample_rows_op")
+    return request.param == "compiled"
 
 
 @pytest.fixture(scope="session")

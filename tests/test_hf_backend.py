@@ -269,8 +269,12 @@ def test_prefix_cache_ignores_entries_of_another_adapter(lora_chat):
 # ---- sampling -----------------------------------------------------------------------------------
 
 
-def test_top_p_samples_only_the_nucleus_in_proportion():
+def test_top_p_samples_only_the_nucleus_in_proportion(compiled_sampling):
+    from functools import partial
+
     from scope_marl.backends.sampling import sample_next
+
+    sample_next = partial(sample_next, compiled=compiled_sampling)
 
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().expand(20000, 4).contiguous()
@@ -286,7 +290,7 @@ def test_top_p_samples_only_the_nucleus_in_proportion():
     assert torch.allclose(torch.bincount(full, minlength=4).float() / len(full), probs, atol=0.015)
 
 
-def test_the_tail_floor_moves_no_draw_and_no_drawable_log_prob(monkeypatch):
+def test_the_tail_floor_moves_no_draw_and_no_drawable_log_prob(monkeypatch, compiled_sampling):
     """Logits spread so that at T=0.5 many tokens sit below e^-87 (subnormal exps): flooring the
     tail at TAIL_FLOOR_NATS draws the same tokens with the same log-probs and entropies as no floor."""
     from scope_marl.backends import sampling
@@ -297,7 +301,7 @@ def test_the_tail_floor_moves_no_draw_and_no_drawable_log_prob(monkeypatch):
     assert (torch.log_softmax(logits / 0.5, -1) < -87).float().mean() > 0.05, "the case needs a subnormal-deep tail"
 
     def draw():
-        return sampling.sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(64)])
+        return sampling.sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(64)], compiled_sampling)
 
     ids, logprobs, entropy = draw()
     monkeypatch.setattr(sampling, "TAIL_FLOOR_NATS", float("inf"))
@@ -311,10 +315,34 @@ def test_nucleus_falls_back_to_a_full_sort_when_candidates_are_short(monkeypatch
 
     monkeypatch.setattr(hf, "NUCLEUS_CANDIDATES", 2)
     probs = torch.tensor([0.3, 0.3, 0.2, 0.2])
-    ids, _, _ = hf.sample_next(probs.log().expand(4000, 4).contiguous(), SamplingParams(top_p=0.75), torch.Generator().manual_seed(1))
+    logits, params = probs.log().expand(4000, 4).contiguous(), SamplingParams(top_p=0.75)
+    ids, _, _ = hf.sample_next(logits, params, torch.Generator().manual_seed(1), compiled=False)  # (the torch path's candidates)
     counts = torch.bincount(ids, minlength=4).float() / len(ids)
     assert counts[2] > 0.2 or counts[3] > 0.2, "the third token is inside the 0.75 nucleus"
     assert (counts > 0).sum() == 3
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 0.95), (1.0, 1.0), (0.3, 0.5), (1.0, 0.9)])
+def test_the_compiled_sampler_draws_what_the_torch_path_draws(sample_rows_op, temperature, top_p):
+    """Rows shaped like a real LM's (a few likely tokens over a long tail) and one whose nucleus needs
+    tokens 9 nats below the best (past the op's narrower candidate levels): the same ids for the same
+    uniform numbers, and log-probs and entropies within float error of a float64 computation (the
+    op sums in double; torch's float log_softmax is ~1e-5 off here)."""
+    from scope_marl.backends.sampling import TAIL_FLOOR_NATS, sample_next
+
+    torch.manual_seed(0)
+    logits = torch.randn(48, 49152) * 3
+    logits[:, :40] += torch.linspace(14, 6, 40)
+    logits[-1] = -9.0
+    logits[-1, 7] = 0.0  # one token, then 49,151 tokens 9 nats down that hold 86% of the mass
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    torch_path = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(48)], compiled=False)
+    compiled = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(48)], compiled=True)
+    assert torch.equal(compiled[0], torch_path[0])
+    scaled = logits.double() / temperature
+    exact = torch.log_softmax(scaled.clamp(min=scaled.amax(-1, keepdim=True) - TAIL_FLOOR_NATS), -1)
+    assert (compiled[1] - exact.gather(-1, compiled[0][:, None]).squeeze(-1)).abs().max() < 2e-6
+    assert (compiled[2] - -(exact.exp() * exact).sum(-1)).abs().max() < 2e-6
 
 
 def solo(chat, prompt, sampling, seed, adapter=None):

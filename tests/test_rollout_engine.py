@@ -203,9 +203,13 @@ def test_continue_on_turn_limit_keeps_playing_and_streams_stay_on_policy(talky_c
             assert stream.response_ids.count(talky_chat.eot_id) >= sum(1 for m in e.messages if m.role == stream.role) - 1
 
 
-def test_each_row_draws_from_its_own_stream_whatever_its_neighbours():
+def test_each_row_draws_from_its_own_stream_whatever_its_neighbours(compiled_sampling):
     """Per-episode seeds at the sampler: row 0's draws depend on its logits and its own generator only."""
+    from functools import partial
+
     from scope_marl.backends.sampling import sample_next
+
+    sample_next = partial(sample_next, compiled=compiled_sampling)
 
     torch.manual_seed(0)
     logits = torch.randn(3, 50) * 3

@@ -222,7 +222,7 @@ class DecodeSession:
         streams = [r.generator for r in rows] if rows[0].generator is not None else self.generator
         if isinstance(streams, list) and any(g is None for g in streams):
             raise BackendError("rows with and without seeds cannot share a session; give every prompt a seed or none")
-        tok, lp, ent = sample_next(logits, sampling, streams)
+        tok, lp, ent = sample_next(logits, sampling, streams, compiled=chat.compiled_sampling)
         chat.timings["sample_s"] += time.perf_counter() - clock
         finished = []
         for slot, row, t, logprob, e in zip(live, rows, tok.tolist(), lp.tolist(), ent.tolist()):

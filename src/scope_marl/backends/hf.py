@@ -81,6 +81,8 @@ class HFChatModel(ChatTokens):
         self.packed = PackedWeights() if packing_available() else None  # decoding's pre-packed weights
         # Decode attention through the compiled op (backends.rows_attention) where it builds; False: torch's SDPA.
         self.compiled_attention = True
+        # Decode sampling through the compiled op (backends.sampling) where it builds; False: torch's ops.
+        self.compiled_sampling = True
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "packed": None}  # packed copies are remade where they are used

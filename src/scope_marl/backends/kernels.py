@@ -75,7 +75,8 @@ def build(cpp: Path, directory: Path | None = None) -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError) as error:
         raise BuildError(f"the C++ compiler {cxx} does not run ({error}). Fix: install g++ or point $CXX at a working compiler") from None
-    key = hashlib.sha256("\n".join([cpp.read_text(), torch.__version__, *version, *FLAGS, cpu_model()]).encode()).hexdigest()[:16]
+    headers = [h.read_text() for h in sorted(cpp.parent.glob("*.h"))]  # what the source may include
+    key = hashlib.sha256("\n".join([cpp.read_text(), *headers, torch.__version__, *version, *FLAGS, cpu_model()]).encode()).hexdigest()[:16]
     target = (directory or scope_cache_dir() / "kernels") / f"{cpp.stem}-{key}.so"
     if target.exists():
         return target

@@ -4,6 +4,10 @@ Per docs/interfaces.md, a token's log-prob is taken from the temperature-scaled 
 (before top-p), so the learner can recompute it exactly from a forward pass. Each row uses exactly
 one uniform number per token, drawn from the row's own generator when it has one (per-episode
 seeds), so a row samples the same tokens whichever rows share its batch.
+
+Where the machine can compile it (``backends.kernels``), a C++ op (``sample_rows.cpp``) does the
+whole step in two passes over each row's vocabulary: the same definitions, the sums in another
+order. ``bench/sampling.py`` times both; ``compiled=False`` (or no compiler) runs the torch path.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from scope_marl.backends import kernels
 from scope_marl.backends.base import SamplingParams
 
 NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full sort only if they fall short
@@ -24,15 +29,27 @@ NUCLEUS_CANDIDATES = 256  # top-p looks at this many best tokens first; a full s
 TAIL_FLOOR_NATS = 70.0
 
 
+def compiled_sampler():
+    """The compiled ``sample_rows`` op, or ``None`` (one warning) where it cannot be built."""
+    return kernels.load("sample_rows", "sampling runs on torch's ops (same results, slower sampling)")
+
+
 def sample_next(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | Sequence[torch.Generator] | None
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    compiled: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one token per row. Returns (ids, log-probs, entropies) per the log-prob definition in docs/interfaces.md.
 
     ``generator`` is one stream for the whole batch, or one per row (per-episode seeds: a row's draws
     then do not depend on its neighbours). Each row uses exactly one uniform number per token.
+    ``compiled``: the compiled op where it builds (CPU logits, temperature > 0), else torch's ops.
     """
     greedy = sampling.temperature == 0.0
+    if not greedy and compiled and logits.device.type == "cpu" and (op := compiled_sampler()) is not None:
+        u = _uniforms(logits.shape[0], generator)
+        return op(logits.float().contiguous(), sampling.temperature, sampling.top_p, TAIL_FLOOR_NATS, u)
     scaled = logits.float() / (1.0 if greedy else sampling.temperature)
     scaled.clamp_(min=scaled.amax(-1, keepdim=True) - TAIL_FLOOR_NATS)  # scaled is a fresh tensor
     logp = torch.log_softmax(scaled, dim=-1)
@@ -41,15 +58,19 @@ def sample_next(
     if greedy:
         ids = logp.argmax(-1)
     else:
-        if isinstance(generator, Sequence):
-            u = torch.cat([torch.rand(1, generator=g) for g in generator])
-        else:
-            u = torch.rand(probs.shape[0], generator=generator)
+        u = _uniforms(probs.shape[0], generator)
         if sampling.top_p < 1.0:
             ids = _sample_nucleus(probs, sampling.top_p, u)
         else:
             ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1]).expand_as(probs), u)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1), entropy
+
+
+def _uniforms(rows: int, generator: torch.Generator | Sequence[torch.Generator] | None) -> torch.Tensor:
+    """One uniform number per row: from the row's own generator, or ``rows`` from the shared one."""
+    if isinstance(generator, Sequence):
+        return torch.cat([torch.rand(1, generator=g) for g in generator])
+    return torch.rand(rows, generator=generator)
 
 
 def _sample_inverse_cdf(weights: torch.Tensor, token_ids: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
