@@ -427,24 +427,3 @@ def test_engine_state_dict_carries_the_group_counter():
     fresh = engine_with(fresh_seeds).run(tasks)
     assert [e.group_id for e in fresh] != [e.group_id for e in expected]
     assert fresh_seeds != first_seeds
-
-
-def _anon_huge_kb(environment: dict[str, str]) -> int:
-    """AnonHugePages (kB) of a fresh process that imports scope_marl and fills a 64 MB tensor."""
-    script = (
-        "import scope_marl, torch\n"
-        "x = torch.ones(16 * 2**20)\n"
-        "print(next(l.split()[1] for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True)
-    return int(done.stdout.strip())
-
-
-def test_large_tensors_go_on_huge_pages_unless_the_user_opts_out():
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not mode.exists() or "[never]" in mode.read_text() or not Path("/proc/self/smaps_rollup").exists():
-        pytest.skip("this kernel offers no transparent huge pages")
-    environment = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    assert _anon_huge_kb(environment) >= 32 * 1024  # most of the 64 MB tensor sits on 2 MB pages
-    if "[madvise]" in mode.read_text():  # ("always" maps huge pages whatever torch asks)
-        assert _anon_huge_kb({**environment, "THP_MEM_ALLOC_ENABLE": "0"}) == 0
