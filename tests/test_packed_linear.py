@@ -142,3 +142,23 @@ def test_a_chat_calibrates_once_when_it_opens_a_session(tiny_chat):
     assert not tiny_chat.packed.calibrated
     tiny_chat.generate_ids([[5, 6, 7]], SamplingParams(temperature=1.0, max_new_tokens=2, seed=1))
     assert tiny_chat.packed.calibrated and len(tiny_chat.packed.faster) == len(ROW_BUCKETS)
+
+
+def test_packed_modules_route_a_models_linears_as_the_mode_does_and_leave_them_as_they_were(make_tiny_model):
+    """The sampler's steps route only the model's nn.Linear layers (not every torch call): the
+    same numbers as the F.linear mode, and afterwards the modules are untouched (pickle, train)."""
+    from scope_marl.backends.packed_linear import PackedModules
+
+    model = make_tiny_model().eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.inference_mode(), PackedLinears(PackedWeights(always=True)):
+        by_mode = model(input_ids=ids).logits
+    weights = PackedWeights(always=True)
+    with torch.inference_mode(), PackedModules(weights, model):
+        by_modules = model(input_ids=ids).logits
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert len(weights) == len({id(m.weight) for m in linears}), "every linear ran on its packed weight"
+    assert torch.equal(by_modules, by_mode)
+    assert all("forward" not in m.__dict__ for m in linears)
+    with torch.inference_mode():
+        torch.testing.assert_close(pickle.loads(pickle.dumps(model))(input_ids=ids).logits, model(input_ids=ids).logits)

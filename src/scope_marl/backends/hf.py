@@ -34,7 +34,7 @@ from scope_marl.backends.base import (
 )
 from scope_marl.backends.chat_tokens import ChatTokens
 from scope_marl.backends.decode_session import DecodeSession, Row
-from scope_marl.backends.packed_linear import PackedLinears, PackedWeights, packing_available
+from scope_marl.backends.packed_linear import PackedModules, PackedWeights, packing_available
 from scope_marl.backends.prefix_cache import PrefixCache
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
@@ -244,10 +244,9 @@ class HFChatModel(ChatTokens):
         kwargs = {"adapter_names": adapter_names} if adapter_names is not None else {}
         body = self._body()
         handle = body.register_forward_hook(lambda module, args, out: _keep_rows(out, keep))
-        # Packed weights only at the row counts where they measured faster here (the mode itself
-        # costs every torch call of the step a Python dispatch).
+        # Packed weights only at the row counts where they measured faster here.
         pack = self.packed is not None and self.packed.use_packed(len(ids))
-        packed = PackedLinears(self.packed) if pack else contextlib.nullcontext()
+        packed = PackedModules(self.packed, self.model) if pack else contextlib.nullcontext()
         try:
             with packed:
                 out = self.model(

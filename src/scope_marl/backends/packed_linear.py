@@ -6,8 +6,9 @@ multiplication: the LM head (49,152 x 576) at 46 rows ran at ~90 GFLOP/s where t
 with the weight packed once by oneDNN runs at ~190 (``bench/packed_linear.py`` measures it here).
 This is what ``torch.compile``'s CPU "freezing" does, without compiling anything.
 
-:class:`PackedLinears` is a ``TorchFunctionMode``: inside it, an ``F.linear`` on a float32 CPU
-tensor (at a row count where packing pays, below) uses a packed copy of its weight, made on first
+Inside :class:`PackedModules` (a model's ``nn.Linear`` layers, what the sampler's steps use) or
+:class:`PackedLinears` (a ``TorchFunctionMode``: every ``F.linear`` call), a float32 CPU linear (at
+a row count where packing pays, below) uses a packed copy of its weight, made on first
 use and remade whenever the weight changes
 (its version counter moves: an optimizer step, a load), so a learner sharing the model never
 samples from stale weights. Outside it nothing changes; the learner's forward and backward use
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -116,8 +118,21 @@ class PackedWeights:
         return len(self._packs)
 
 
+def _linear(weights: PackedWeights, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear``, on the packed weight where it is float32 on the CPU at a row count where packing pays."""
+    if (
+        x.dtype == weight.dtype == torch.float32
+        and x.device.type == weight.device.type == "cpu"
+        and x.dim() >= 2
+        and weights.use_packed(x.numel() // x.shape[-1])
+    ):
+        return _packed_linear(x, weights.get(weight), bias)
+    return F.linear(x, weight, bias)
+
+
 class PackedLinears(TorchFunctionMode):
-    """Inside this mode, float32 CPU ``F.linear`` calls run on packed weights (module docstring)."""
+    """Inside this mode, every ``F.linear`` call goes through the packed routing (module docstring).
+    The mode costs every torch call inside it a Python dispatch; a model's steps use :class:`PackedModules`."""
 
     def __init__(self, weights: PackedWeights):
         super().__init__()
@@ -126,16 +141,36 @@ class PackedLinears(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
-            x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if (
-                x.dtype == weight.dtype == torch.float32
-                and x.device.type == weight.device.type == "cpu"
-                and x.dim() >= 2
-                and self.weights.use_packed(x.numel() // x.shape[-1])
-            ):
-                return _packed_linear(x, self.weights.get(weight), bias)
+            return _linear(self.weights, args[0], args[1], bias)
         return func(*args, **kwargs)
+
+
+class PackedModules:
+    """Inside this context, the ``nn.Linear`` layers of ``model`` go through the packed routing.
+
+    Each layer's ``forward`` is shadowed by an instance attribute for the context's duration, so
+    only the linears pay a Python check: the mode above costs every torch call of a decode step one
+    (about 2,400 calls a step; a 32-episode rollout, alternating both ways in one process, ran
+    1-3% faster this way). Exactly ``nn.Linear`` (a
+    subclass may compute something else); the context leaves the modules as they were, so the
+    model pickles and trains unchanged."""
+
+    def __init__(self, weights: PackedWeights, model: torch.nn.Module):
+        self.weights = weights
+        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+    def __enter__(self) -> PackedModules:
+        for module in self.linears:
+            module.__dict__["forward"] = functools.partial(self._forward, module)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self.linears:
+            module.__dict__.pop("forward", None)
+
+    def _forward(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return _linear(self.weights, x, module.weight, module.bias)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
