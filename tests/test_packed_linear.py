@@ -162,3 +162,21 @@ def test_packed_modules_route_a_models_linears_as_the_mode_does_and_leave_them_a
     assert all("forward" not in m.__dict__ for m in linears)
     with torch.inference_mode():
         torch.testing.assert_close(pickle.loads(pickle.dumps(model))(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_the_steps_routing_follows_the_adapters_and_the_packed_weights(tiny_chat):
+    """The model's linears are found once and kept; an adapter added later (new LoRA linears) or a
+    new set of packed weights is routed from the next step on."""
+    from peft import LoraConfig
+
+    tiny_chat.packed = PackedWeights(always=True)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=4, seed=3)
+    tiny_chat.generate_ids([[5, 6, 7]], sampling)
+    before = len(tiny_chat.packed)
+    tiny_chat.add_adapter("late", LoraConfig(r=4, target_modules=["q_proj"]))
+    tiny_chat.generate_ids([[5, 6, 7]], sampling, adapters=["late"])
+    layers = tiny_chat.model.config.num_hidden_layers
+    assert len(tiny_chat.packed) == before + 2 * layers, "each layer's lora_A and lora_B ran packed"
+    tiny_chat.packed = PackedWeights(always=True)
+    tiny_chat.generate_ids([[5, 6, 7]], sampling, adapters=["late"])
+    assert len(tiny_chat.packed) == before + 2 * layers, "the new weights object did the packing"

@@ -79,13 +79,15 @@ class HFChatModel(ChatTokens):
         # ... and the cache columns those steps' rows attended over, summed (a roofline's KV bytes).
         self.columns_by_rows: Counter[int] = Counter()
         self.packed = PackedWeights() if packing_available() else None  # decoding's pre-packed weights
+        # The routing of this model's linears to them, kept with the model, weights and adapters it was found for.
+        self._packed_modules: tuple | None = None
         # Decode attention through the compiled op (backends.rows_attention) where it builds; False: torch's SDPA.
         self.compiled_attention = True
         # Decode sampling through the compiled op (backends.sampling) where it builds; False: torch's ops.
         self.compiled_sampling = True
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "packed": None}  # packed copies are remade where they are used
+        return {**self.__dict__, "packed": None, "_packed_modules": None}  # packed copies are remade where they are used
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled in another process (a Ray or data-parallel worker): its attention function
@@ -246,7 +248,7 @@ class HFChatModel(ChatTokens):
         handle = body.register_forward_hook(lambda module, args, out: _keep_rows(out, keep))
         # Packed weights only at the row counts where they measured faster here.
         pack = self.packed is not None and self.packed.use_packed(len(ids))
-        packed = PackedModules(self.packed, self.model) if pack else contextlib.nullcontext()
+        packed = self._routed_linears() if pack else contextlib.nullcontext()
         try:
             with packed:
                 out = self.model(
@@ -262,6 +264,15 @@ class HFChatModel(ChatTokens):
         finally:
             handle.remove()
         return out.logits[:, -1, :]
+
+    def _routed_linears(self) -> PackedModules:
+        """The packed routing of this model's linears, found again only when the model, the packed
+        weights or the adapters changed."""
+        cached = self._packed_modules
+        adapters = tuple(self.adapters)
+        if cached is None or cached[0] is not self.model or cached[1] is not self.packed or cached[2] != adapters:
+            cached = self._packed_modules = (self.model, self.packed, adapters, PackedModules(self.packed, self.model))
+        return cached[3]
 
     def calibrate_packing(self) -> None:
         """Measure once where packed weights beat torch's linear here (``backends.packed_linear``)."""
