@@ -10,7 +10,7 @@ cores): 1.15 ms a layer against SDPA's 4.28 ms, the same numbers within 1e-6; th
 rollout, alternating both ways in one process, ran 8-15% faster. Prefill chunks stay on SDPA:
 with many queries per key its matrix-product kernel is the faster one there.
 
-The op is compiled on first use by ``backends.kernels`` (about 7 s with g++) and runs on torch's
+The op is compiled on first use by ``backends.kernels`` (7-10 s with g++) and runs on torch's
 own thread pool. Where no compiler works, decoding uses SDPA and says so once: same results,
 slower attention.
 """

@@ -5,8 +5,8 @@
 // logits / temperature, floored at TAIL_FLOOR_NATS below the row's best; log-probs of the full
 // distribution (before top-p); top-p keeps the most likely tokens while the mass before each is
 // below top_p (the top token always) and draws among them in descending order of probability by
-// inverse CDF at the row's uniform number u. Only the order of the float sums differs from the
-// torch path, so a draw can differ where u lands within rounding of a boundary.
+// inverse CDF at the row's uniform number u. Only the sums differ from the torch path (their order,
+// and double where it sums in float), so a draw can differ where u lands within rounding of a boundary.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -36,6 +36,22 @@ struct Draw {
   float logp, entropy;
 };
 
+// The position of the first of n weights (in the order given) whose running sum passes u times
+// their total; the last where rounding leaves none. The sums run in double, as torch's CPU cumsum
+// accumulates float: over a long flat tail a float running sum drifts by several tokens' mass.
+template <class Weight>
+size_t inverse_cdf(size_t n, Weight weight, float u) {
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) sum += weight(i);
+  const float target = u * static_cast<float>(sum);
+  double running = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    running += weight(i);
+    if (static_cast<float>(running) > target) return i;
+  }
+  return n - 1;
+}
+
 // p [vocab]: scratch. Returns the draw for one row.
 Draw sample_row(const float* __restrict logits, float* __restrict p, int64_t vocab, float temperature, float top_p,
                 float floor_nats, float u) {
@@ -63,23 +79,10 @@ Draw sample_row(const float* __restrict logits, float* __restrict p, int64_t voc
     m2 += e >= thresholds[2] ? e : 0.0f;
     m3 += e >= thresholds[3] ? e : 0.0f;
   }
-  const float log_total = static_cast<float>(std::log(total));
-  Draw draw{0, 0.0f, static_cast<float>(std::log(total) - weighted / total)};  // entropy = log Z - E[d]
-  // The inverse CDFs run in double, as torch's CPU cumsum accumulates float: over a long flat tail a
-  // float running sum drifts by several tokens' mass.
-  if (top_p >= 1.0f) {  // inverse CDF over the whole vocabulary, in vocabulary order
-    double sum = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) sum += p[v];
-    const float target = u * static_cast<float>(sum);
-    double running = 0.0;
-    draw.id = vocab - 1;
-    for (int64_t v = 0; v < vocab; ++v) {
-      running += p[v];
-      if (static_cast<float>(running) > target) {
-        draw.id = v;
-        break;
-      }
-    }
+  const double log_total = std::log(total);
+  Draw draw{0, 0.0f, static_cast<float>(log_total - weighted / total)};  // entropy = log Z - E[d]
+  if (top_p >= 1.0f) {  // the whole vocabulary, in vocabulary order
+    draw.id = static_cast<int64_t>(inverse_cdf(static_cast<size_t>(vocab), [p](size_t v) { return p[v]; }, u));
   } else {
     const float masses[LEVELS] = {m0, m1, m2, m3};
     float threshold = 0.0f;  // every token, unless a level's mass reaches top_p
@@ -106,20 +109,9 @@ Draw sample_row(const float* __restrict logits, float* __restrict p, int64_t voc
       if (before / total >= top_p || threshold == 0.0f) break;
       threshold = 0.0f;
     }
-    double sum = 0.0;
-    for (size_t i = 0; i < kept; ++i) sum += best[i].first;
-    const float target = u * static_cast<float>(sum);
-    double running = 0.0;
-    draw.id = best[kept - 1].second;
-    for (size_t i = 0; i < kept; ++i) {
-      running += best[i].first;
-      if (static_cast<float>(running) > target) {
-        draw.id = best[i].second;
-        break;
-      }
-    }
+    draw.id = best[inverse_cdf(kept, [&best](size_t i) { return best[i].first; }, u)].second;  // the nucleus, most likely first
   }
-  draw.logp = std::max(logits[draw.id] / temperature, lowest) - top - log_total;
+  draw.logp = std::max(logits[draw.id] / temperature, lowest) - top - static_cast<float>(log_total);
   return draw;
 }
 
