@@ -41,6 +41,18 @@ def compiled_sampling(request) -> bool:
     return request.param == "compiled"
 
 
+@pytest.fixture
+def state_copies(monkeypatch) -> list[str]:
+    """Names of the RowCache calls that copy key/value states (into, out of or between slots), in order."""
+    from scope_marl.backends.kv_cache import RowCache
+
+    calls: list[str] = []
+    for name in ("put", "states", "copy", "move"):
+        original = getattr(RowCache, name)
+        monkeypatch.setattr(RowCache, name, lambda self, *a, _f=original, _n=name: calls.append(_n) or _f(self, *a))
+    return calls
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from scope_marl.backends.embedded import load_tokenizer

@@ -254,6 +254,82 @@ def test_a_long_opening_shared_by_new_conversations_is_prefilled_once_with_the_s
         assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["op", "sdpa"])
+def test_a_conversations_next_turn_decodes_in_the_slot_its_last_turn_left_without_copying_states(
+    tiny_chat, tokenizer, state_copies, compiled_attention, request
+):
+    """KV in place across turns: in one session a keyed turn's states stay parked in its slot; the
+    conversation's next turn takes that same slot, prefills only what is new, copies no states, and
+    samples what a full prefill of the whole prompt samples (with either decode attention)."""
+    if compiled_attention:
+        request.getfixturevalue("rows_attention_op")
+    tiny_chat.compiled_attention = compiled_attention
+    copies = state_copies
+    sampling = SamplingParams(temperature=0.9, max_new_tokens=12)
+    session = tiny_chat.open_session(sampling)
+    prompts = [tiny_chat.encode_chat(p) for p in PROMPTS]
+    keys = [("episode", i) for i in range(len(PROMPTS))]
+    for i, prompt in enumerate(prompts):
+        session.add(prompt, key=keys[i], seed=i, tag=i)
+    first = dict(iter_until_done(session))
+    parked = {key: entry.slot for key, entry in session.parked.values()}
+    assert sorted(parked) == keys and len(set(parked.values())) == 3
+    reply = tokenizer.encode("\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    second_prompts = [p + first[i].token_ids + reply for i, p in enumerate(prompts)]
+    misses = tiny_chat.prefix_cache.misses
+    for i, prompt in enumerate(second_prompts):
+        session.add(prompt, key=keys[i], seed=10 + i, tag=i)
+    session.step()  # admission
+    assert {row.key: row.slot for row in session.slots if row is not None} == parked, "each turn took its own slot"
+    second = dict(iter_until_done(session))
+    assert tiny_chat.prefix_cache.misses - misses == sum(len(reply) + 1 for _ in PROMPTS)
+    assert copies == [], "no states were copied between the turns"
+    assert {key: entry.slot for key, entry in session.parked.values()} == parked
+    tiny_chat.release(keys)
+    for i, prompt in enumerate(second_prompts):
+        alone = solo(tiny_chat, prompt, sampling, 10 + i)
+        assert second[i].token_ids == alone.token_ids
+        assert second[i].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_parked_turns_are_spilled_to_copies_when_slots_run_out_and_freed_when_released(tiny_chat, state_copies):
+    """One live row and one parked slot: a third conversation spills the longest-parked turn into a
+    copy in the prefix cache; that conversation's next turn copies it back and samples as a full
+    prefill does; a released conversation's slot is free at the next admission; close() leaves only copies."""
+    from scope_marl.backends.decode_session import DecodeSession
+    from scope_marl.backends.prefix_cache import CachedPrefix, SlotPrefix
+
+    copies = state_copies
+    sampling = SamplingParams(temperature=0.9, max_new_tokens=6)
+    cache = tiny_chat.prefix_cache
+    session = DecodeSession(tiny_chat, sampling, max_rows=1, max_parked=1)
+    prompts = {key: list(range(300 + 7 * n, 320 + 7 * n)) for n, key in enumerate("abc")}
+    out = {}
+    for key in "ab":
+        session.add(prompts[key], key=key, seed=1, tag=key)
+        out.update(iter_until_done(session))
+    assert isinstance(cache.get("a"), SlotPrefix) and isinstance(cache.get("b"), SlotPrefix) and copies == []
+    session.add(prompts["c"], key="c", seed=1, tag="c")
+    out.update(iter_until_done(session))
+    assert copies == ["states"] and isinstance(cache.get("a"), CachedPrefix), "the longest-parked turn was spilled"
+    follow_up = prompts["a"] + out["a"].token_ids + [401, 402]
+    session.add(follow_up, key="a", seed=2, tag="a2")
+    again = dict(iter_until_done(session))["a2"]
+    assert copies == ["states", "states", "put"], "b spilled to make room, a's copy put back in"
+    assert {key: entry.slot for key, entry in session.parked.values()} == {"c": 0, "a": 1}
+    tiny_chat.release(["c"])
+    session.add([5, 6, 7], tag="free")
+    session.step()
+    assert session.slots[0].tag == "free" and len(copies) == 3, "the released conversation's slot was reused, nothing spilled"
+    assert [key for key, _ in session.parked.values()] == ["a"]
+    list(iter_until_done(session))
+    session.close()
+    assert session.parked == {} and all(isinstance(cache.get(k), CachedPrefix) for k in ("a", "b"))
+    tiny_chat.release(["a", "b"])
+    alone = solo(tiny_chat, follow_up, sampling, 2)
+    assert again.token_ids == alone.token_ids and again.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
 def test_prefix_cache_ignores_entries_of_another_adapter(lora_chat):
     chat, _ = lora_chat
     prompt = chat.encode_chat(PROMPTS[0])
@@ -349,10 +425,15 @@ def solo(chat, prompt, sampling, seed, adapter=None):
     return chat.generate_ids([prompt], sampling, [adapter] if adapter else None, seeds=[seed])[0]
 
 
-def test_continuous_batching_refills_a_finished_rows_slot_and_every_row_matches_its_solo_run(talky_chat):
+@pytest.mark.parametrize("compiled_attention", [True, False], ids=["op", "sdpa"])
+def test_continuous_batching_refills_a_finished_rows_slot_and_every_row_matches_its_solo_run(talky_chat, compiled_attention, request):
     """Two slots, six prompts of growing length: a waiting prompt joins as soon as a row finishes
-    (while the other row is mid-reply), the slot cache grows for the longer prompts and compacts
-    as rows drain, and every generation equals that prompt generated alone (same seed)."""
+    (while the other row is mid-reply), the slot cache grows for the longer prompts (and, with
+    SDPA's decode attention, compacts as rows drain), and every generation equals that prompt
+    generated alone (same seed)."""
+    if compiled_attention:
+        request.getfixturevalue("rows_attention_op")
+    talky_chat.compiled_attention = compiled_attention
     import random
 
     rng = random.Random(3)

@@ -224,6 +224,22 @@ def test_each_row_draws_from_its_own_stream_whatever_its_neighbours(compiled_sam
         assert alone == batched
 
 
+def test_a_rollout_keeps_each_conversations_states_in_one_slot_for_all_its_turns(talky_chat, state_copies):
+    """Both roles in one session: every turn after a conversation's first decodes in the slot its
+    last turn left, so no states are put into a slot or copied out of one; the only copies are of
+    identical opening prompts admitted together (prefilled once, copied to the others' slots), and
+    ended episodes leave nothing behind."""
+    env = SayTheWord(num_tasks=6, max_exchanges=3)
+    engine = engine_for(talky_chat, env=env, group_size=1, max_concurrent=6, seed=2)
+    hits = talky_chat.prefix_cache.hits
+    episodes = engine.run(env.tasks("train"))
+    turns = sum(len(e.messages) for e in episodes)
+    assert turns >= 4 * len(episodes), "several turns per episode"
+    assert talky_chat.prefix_cache.hits - hits > 0, "later turns reused their conversation's states"
+    assert set(state_copies) <= {"copy"} and len(state_copies) < len(episodes)
+    assert len(talky_chat.prefix_cache) == 0
+
+
 def test_an_episode_samples_the_same_tokens_alone_or_beside_its_group(talky_chat):
     """Per-episode seeds in the engine: (run seed, group, rollout, turn) decide each draw, so rollouts of
     one group played together or one at a time, or numbered explicitly as another worker would, sample

@@ -10,13 +10,19 @@ are read once a step for both, and no prompt is padded to its neighbours' length
 the slowest of its batch, and the rollout engine can queue a conversation's next turn while its
 neighbours are still mid-turn.
 
-KV states: a slot keeps its sequence's states in place for the whole turn (``RowCache``), and a
-prompt's chunks are appended at its slot's own columns. When a turn ends its states are copied out
-under the conversation's cache key (``PrefixCache``); the next turn of that conversation copies
-them into its new slot and prefills only what was said since. Those two copies per turn are what
-remains of moving states around (``timings["copy_s"]``; about 2% of a 64-episode rollout here).
-The compiled decode attention (``backends.rows_attention``) reads any slot per token, so keeping a
-conversation in one slot across turns is possible; it is not done yet.
+KV states stay in place for the whole conversation: a slot keeps its sequence's states
+(``RowCache``), and a prompt's chunks are appended at its slot's own columns. When a turn with a
+cache key ends, its slot is *parked*: the states stay where they are and the conversation's entry
+in the model's ``PrefixCache`` points at the slot (``SlotPrefix``). The conversation's next turn
+takes that very slot, keeps the columns its prompt still shares (the prompt so far and the reply,
+all but the last sampled token) and prefills only what was said since, so no states are copied
+between turns. Parked slots are kept out of use until their entry is taken, released (the
+conversation ended) or replaced; the session holds at most ``max_rows`` live rows and
+``max_rows + max_parked`` slots in all, and when a new row finds none free, the longest-parked
+slot's states are copied out into the prefix cache (a *spill*) to make room. :meth:`close` spills
+whatever is still parked, so a later session (``generate_ids`` opens one per call) starts from
+copies. What remains of moving states around is counted in ``timings["copy_s"]``: spills, a
+GRPO group's identical first prompts copied from the one that was prefilled, and compaction.
 
 Reproducibility: each row samples from its own generator when it has a seed, so its draws depend
 only on its own logits; those can differ in the last bits with the batch's composition (another
@@ -36,7 +42,7 @@ import torch
 
 from scope_marl.backends.base import BackendError, ContextLengthError, FinishReason, Generation, SamplingParams, check_adapters
 from scope_marl.backends.kv_cache import RowCache
-from scope_marl.backends.prefix_cache import CachedPrefix, common_prefix
+from scope_marl.backends.prefix_cache import CachedPrefix, SlotPrefix, common_prefix
 from scope_marl.backends.sampling import sample_next
 from scope_marl.core.seeds import scrambled
 
@@ -76,11 +82,21 @@ class Row:
 class DecodeSession:
     """Continuous batching over one model with one set of sampling parameters (module docstring)."""
 
-    def __init__(self, chat: HFChatModel, sampling: SamplingParams, generator: torch.Generator | None = None, max_rows: int | None = None):
+    def __init__(
+        self,
+        chat: HFChatModel,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+        max_rows: int | None = None,
+        max_parked: int | None = None,
+    ):
+        """``max_rows`` rows decode at once (default the model's ``max_batch_size``); ``max_parked``
+        (default ``max_rows``) more slots may hold finished turns' states for their next turn."""
         self.chat = chat
         self.sampling = sampling
         self.generator = generator  # the shared stream of rows without a seed
         self.max_rows = max_rows or chat.max_batch_size
+        self.max_parked = self.max_rows if max_parked is None else max_parked
         cfg = chat.model.config
         self.device = next(chat.model.parameters()).device
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -88,9 +104,15 @@ class DecodeSession:
         self.cache = RowCache(cfg.num_hidden_layers, kv_heads, head_dim, torch.float32, self.device, compiled=chat.compiled_attention)
         chat.calibrate_packing()
         self.pending: deque[Row] = deque()
-        self.slots: list[Row | None] = []  # the row in each cache slot; None = free
+        self.slots: list[Row | None] = []  # the live row in each cache slot; None = no live row (free or parked)
+        self.parked: dict[int, tuple[Hashable, SlotPrefix]] = {}  # slot -> the key and entry it holds, oldest first
         self.logits: torch.Tensor | None = None  # next-token logits per slot (rows of free slots unused)
-        self._next_tokens = torch.full((self.max_rows,), chat.pad_id, dtype=torch.long, device=self.device)  # per slot
+        self._next_tokens = torch.full((self.slot_space,), chat.pad_id, dtype=torch.long, device=self.device)  # per slot
+
+    @property
+    def slot_space(self) -> int:
+        """Slots the session may use: live rows plus parked turns."""
+        return self.max_rows + self.max_parked
 
     # ---- public ------------------------------------------------------------------------------
     def add(
@@ -128,6 +150,14 @@ class DecodeSession:
         return [r.tag for r in self.pending] + [r.tag for r in self.slots if r is not None]
 
     @torch.inference_mode()
+    def close(self) -> None:
+        """Copy the states of every parked slot out into the prefix cache, so they outlive this
+        session's cache (the next session of the conversation copies them in)."""
+        self._reclaim()
+        while self.parked:
+            self._spill_oldest()
+
+    @torch.inference_mode()
     def step(self) -> list[tuple[Any, Generation]]:
         """Sample one token for every row whose logits are ready, admit what fits, then run one
         packed forward: the next token of every row that goes on and the prefill chunks of this
@@ -141,20 +171,35 @@ class DecodeSession:
 
     # ---- admission ---------------------------------------------------------------------------
     def _admit(self) -> None:
-        """Give pending prompts free slots, each with the states its key has stored (copied in once);
-        what is left of the prompt is prefilled in the step's chunks. Identical prompts admitted
-        together (a GRPO group's rollouts) are prefilled once and their states copied."""
-        free = [s for s, r in enumerate(self.slots) if r is None] + list(range(len(self.slots), self.max_rows))
-        if not self.pending or not free:
+        """Give pending prompts slots: a conversation whose last turn is parked in this session takes
+        that slot as it is; any other prompt takes a free slot (spilling the longest-parked one if
+        none is free), with the stored states its key or a shared opening has copied in once. What is
+        left of the prompt is prefilled in the step's chunks. Identical prompts admitted together (a
+        GRPO group's rollouts) are prefilled once and their states copied."""
+        if not self.pending:
+            return
+        self._reclaim()
+        live = sum(r is not None for r in self.slots)
+        free = deque(self._free_slots())
+        if live >= self.max_rows:
             return
         chat = self.chat
-        self._share_openings(free[0])
+        if free:
+            self._share_openings(free[0])
         budget = PREFILL_BUDGET - sum(len(r.prompt) - r.filled for r in self.slots if r is not None and r.twin is None)
-        taken: list[tuple[Row, CachedPrefix | None]] = []
+        taken: list[tuple[Row, CachedPrefix | SlotPrefix | None]] = []
         first_of: dict[tuple, Row] = {}
-        while self.pending and len(taken) < len(free) and budget > 0:
+        while self.pending and live + len(taken) < self.max_rows and budget > 0:
             row = self.pending.popleft()
             past, row.filled = chat.prefix_cache.reusable(row.key, row.prompt, row.adapter)
+            own = chat.prefix_cache.pop(row.key) if row.key is not None else None  # this turn stores it again when it ends
+            if isinstance(own, SlotPrefix) and own.cache is self.cache:
+                row.slot = own.slot
+                del self.parked[own.slot]
+            elif free:
+                row.slot = free.popleft()
+            else:
+                row.slot = self._spill_oldest()
             same = (tuple(row.prompt), row.adapter, id(past), row.filled)
             first = first_of.get(same)
             if first is not None and len(first.prompt) - first.filled <= PREFILL_BUDGET:
@@ -165,19 +210,40 @@ class DecodeSession:
                 budget -= len(row.prompt) - row.filled
                 chat.prefix_cache.hits += row.filled
             taken.append((row, past))
-        slots = free[: len(taken)]
-        occupied = sum(r is not None for r in self.slots)
-        wanted = min(self.max_rows, occupied + len(taken) + len(self.pending))  # grow slots once for what is queued
-        self.cache.reserve(max(max(slots) + 1, wanted), max(len(r.prompt) + r.limit for r, _ in taken))
-        while len(self.slots) <= max(slots):
+        last = max(row.slot for row, _ in taken)
+        queued = live + len(taken) + len(self.parked) + len(self.pending)  # grow slots once for what is queued
+        self.cache.reserve(max(last + 1, min(self.slot_space, queued)), max(len(r.prompt) + r.limit for r, _ in taken))
+        while len(self.slots) <= last:
             self.slots.append(None)
-        for (row, past), slot in zip(taken, slots):
+        for row, past in taken:
+            slot = row.slot
             self.slots[slot] = row
-            row.slot = slot
-            if past is not None and row.twin is None:
-                self._timed("copy_s", self.cache.put, slot, past.keys, past.values, row.filled)
-            else:
+            if row.twin is not None or past is None:
                 self.cache.free(slot)
+            elif isinstance(past, SlotPrefix) and past.cache is self.cache and past.slot == slot:
+                self.cache.keep(slot, row.filled)  # in place: the columns the prompt still shares
+            else:
+                self._timed("copy_s", self.cache.put, slot, past.keys, past.values, row.filled)
+
+    def _free_slots(self) -> list[int]:
+        """Slots with neither a live row nor a parked turn, lowest first."""
+        return [s for s in range(self.slot_space) if (s >= len(self.slots) or self.slots[s] is None) and s not in self.parked]
+
+    def _reclaim(self) -> None:
+        """Free the parked slots whose entry left the prefix cache (released, replaced or cleared)."""
+        for slot, (key, entry) in list(self.parked.items()):
+            if self.chat.prefix_cache.get(key) is not entry:
+                del self.parked[slot]
+                self.cache.free(slot)
+
+    def _spill_oldest(self) -> int:
+        """Copy the longest-parked slot's states out into the prefix cache; returns the slot, now free."""
+        slot = next(iter(self.parked))
+        key, entry = self.parked.pop(slot)
+        keys, values = self._timed("copy_s", self.cache.states, slot)
+        self.chat.prefix_cache.store(key, CachedPrefix(entry.ids, entry.adapter, keys, values))
+        self.cache.free(slot)
+        return slot
 
     def _share_openings(self, slot: int) -> None:
         """Prefill once (in free slot ``slot``, then kept as a shared prefix) the opening that several
@@ -266,7 +332,7 @@ class DecodeSession:
         for slot, start, count in chunks:
             self.slots[slot].filled = start + count
         if self.logits is None:  # one row per possible slot, allocated once
-            self.logits = torch.zeros(self.max_rows, logits.shape[-1], device=self.device)
+            self.logits = torch.zeros(self.slot_space, logits.shape[-1], device=self.device)
         self.logits[decode] = logits[: len(decode)]
         for j, slot in enumerate(ends):
             self.logits[slot] = logits[len(decode) + j]
@@ -313,38 +379,43 @@ class DecodeSession:
         return result
 
     def _retire(self, slot: int) -> tuple[Any, Generation]:
-        """Store a finished row's states under its key (prompt + all but its last sampled token), free its slot."""
+        """A finished row leaves its slot: parked under its key with its states in place (the
+        prompt and all but its last sampled token), or freed when it has no key."""
         row = self.slots[slot]
-        if row.key is not None:
-            keys, values = self._timed("copy_s", self.cache.states, slot)
-            ids = row.prompt + row.out[: keys[0].shape[1] - len(row.prompt)]
-            assert len(ids) == keys[0].shape[1], "cache columns and tokens disagree"
-            self.chat.prefix_cache.store(row.key, CachedPrefix(ids=ids, adapter=row.adapter, keys=keys, values=values))
         self.slots[slot] = None
-        self.cache.free(slot)
+        if row.key is not None:
+            n = int(self.cache.lengths[slot])
+            ids = row.prompt + row.out[: n - len(row.prompt)]
+            assert len(ids) == n, "cache columns and tokens disagree"
+            entry = SlotPrefix(ids, row.adapter, self.cache, slot)
+            self.chat.prefix_cache.store(row.key, entry)
+            self.parked[slot] = (row.key, entry)
+        else:
+            self.cache.free(slot)
         return row.tag, self.chat.finish(row, self.sampling)
 
     def _compact(self) -> None:
-        """Keep the live rows in the front slots while nothing waits to fill a free one (a free slot
-        among the decoding slots still costs its share of every step's attention). Rows with their
-        own seeds move the last live row into each hole (one row's states copied per hole); rows
-        drawing from one shared stream keep their order (the stream's numbers go to rows in slot
-        order), so the rows after a hole shift down."""
+        """With SDPA's decode attention (no compiled op), keep the live rows in the front slots while
+        nothing waits to fill a free one: SDPA reads slots ``[0, highest decoding slot]``, so a free
+        slot below the last live row costs its share of every step (the compiled op reads only the
+        decoding rows' own slots, so there nothing moves). Parked slots stay where they are. Rows
+        with their own seeds move the last live row into each hole (one row's states copied per
+        hole); rows drawing from one shared stream keep their order (the stream's numbers go to
+        rows in slot order), so the rows after a hole shift down."""
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
-        if self.pending or all(r is not None for r in self.slots):
+        if self.cache.rows_attention is not None or self.pending or all(r is not None for r in self.slots):
             return
         live = [s for s, r in enumerate(self.slots) if r is not None]
+        targets = [s for s in range(len(self.slots)) if s not in self.parked][: len(live)]
         if self.slots[live[0]].generator is not None:
-            moves = []
-            holes = [s for s, r in enumerate(self.slots) if r is None]
-            for hole, source in zip(holes, reversed(live)):
-                if source > hole:
-                    moves.append((source, hole))
+            holes = [t for t in targets if self.slots[t] is None]
+            outside = [s for s in reversed(live) if s > targets[-1]]
+            moves = list(zip(outside, holes))
         else:
-            moves = [(source, target) for target, source in enumerate(live) if source != target]
+            moves = [(source, target) for target, source in zip(targets, live) if source != target]
         for source, target in moves:
-            self.cache.move(source, target)
+            self._timed("copy_s", self.cache.move, source, target)
             self.slots[target], self.slots[source] = self.slots[source], None
             self.slots[target].slot = target
             self._next_tokens[target] = self._next_tokens[source]

@@ -223,9 +223,12 @@ class HFChatModel(ChatTokens):
             seed = seeds[i] if seeds is not None else None
             session.add(list(prompt_ids[i]), adapters[i], keys[i], seed, partial(on_token, i) if on_token else None, tag=i)
         results: list[Generation | None] = [None] * n
-        while session.busy:
-            for i, generation in session.step():
-                results[i] = generation
+        try:
+            while session.busy:
+                for i, generation in session.step():
+                    results[i] = generation
+        finally:
+            session.close()  # the states of keyed turns outlive this call's session (copied out once)
         return results  # type: ignore[return-value]
 
     def release(self, cache_keys: Iterable[Hashable]) -> None:

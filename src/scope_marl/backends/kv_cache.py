@@ -55,6 +55,11 @@ class RowCache:
         return self.keys[0].shape[2] if self.keys else 0
 
     @property
+    def bytes_per_column(self) -> int:
+        """Bytes one token's keys and values take over all layers (46,080 for SmolLM2-135M in fp32)."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
@@ -65,17 +70,19 @@ class RowCache:
         new_slots = max(slots, self.slots)
         new_cols = max(columns, self.columns if columns <= self.columns else int(self.columns * self.GROWTH))
         shape = (new_slots, self.kv_heads, new_cols, self.head_dim)
-        used = int(self.lengths.max()) if self.slots else 0
         # The compiled op reads only written columns, so its buffers need no zeroing (and pages never
-        # written are never faulted in); SDPA's masked read needs finite numbers everywhere.
+        # written are never faulted in: a slot costs memory for the columns it holds, not for the
+        # capacity); SDPA's masked read needs finite numbers everywhere.
         allocate = torch.empty if self.rows_attention is not None else torch.zeros
+        held = [(slot, n) for slot, n in enumerate(self.lengths.tolist()) if n]
         for buffers in (self.keys, self.values):
             old = list(buffers)
             buffers.clear()
             for layer in range(self.num_layers):
                 buffers.append(allocate(shape, dtype=self.dtype, device=self.device))
                 if old:
-                    buffers[layer][: self.slots, :, :used] = old[layer][:, :, :used]
+                    for slot, n in held:  # each slot's own columns only, so no page beyond them is touched
+                        buffers[layer][slot, :, :n] = old[layer][slot, :, :n]
                     old[layer] = None  # freed as it goes: the peak is one layer over the new size, not twice the cache
         lengths = torch.zeros(new_slots, dtype=torch.long, device=self.device)
         lengths[: self.slots] = self.lengths
@@ -105,6 +112,10 @@ class RowCache:
         """Move a sequence from slot ``source`` to slot ``target`` (compaction); ``source`` becomes free."""
         self.copy(source, target)
         self.lengths[source] = 0
+
+    def keep(self, slot: int, n: int) -> None:
+        """Keep the first ``n`` columns of ``slot`` (a conversation's next turn, in place) and drop the rest."""
+        self.lengths[slot] = min(n, int(self.lengths[slot]))
 
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0

@@ -6,6 +6,13 @@ times the decoding itself; with this store a turn only prefills the other role's
 are keyed by the caller (the rollout engine uses ``(episode_id, role)``) and must be released when
 a conversation ends; the engine's cap on concurrent episodes bounds the memory.
 
+An entry holds its states one of two ways. A :class:`CachedPrefix` owns copies. A
+:class:`SlotPrefix` points at the slot of a decoding session's cache (``backends.kv_cache``) where
+the turn that produced them left them: the session that owns the slot hands it to the
+conversation's next turn as it is (no copy; the turn appends what was said since), and keeps the
+slot out of use until the entry is taken, released or replaced. Any other reader copies from the
+slot. So the engine's long-lived session moves no states between turns at all.
+
 Conversations of one environment also share a long opening: tau2's agent prompt is the same
 5,100 tokens (instructions, policy, tool schemas) in every episode. The backend prefills such a
 common prefix once and keeps it as a *shared* entry (the few most recent, any key may read them),
@@ -17,9 +24,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from scope_marl.backends.kv_cache import RowCache
 
 MAX_SHARED = 4  # shared prefixes kept (each is one conversation opening's states)
 
@@ -36,14 +47,37 @@ class CachedPrefix:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
+@dataclass(eq=False)
+class SlotPrefix:
+    """States left in place in slot ``slot`` of a session's ``cache`` (columns ``[0, len(ids))``)."""
+
+    ids: list[int]
+    adapter: str | None
+    cache: RowCache
+    slot: int
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        """Per layer a view ``[kv_heads, columns, head_dim]`` of the slot (its first ``len(ids)`` columns are the states)."""
+        return [k[self.slot] for k in self.cache.keys]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [v[self.slot] for v in self.cache.values]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.ids) * self.cache.bytes_per_column
+
+
 class PrefixCache:
     def __init__(self) -> None:
-        self._entries: dict[Hashable, CachedPrefix] = {}
+        self._entries: dict[Hashable, CachedPrefix | SlotPrefix] = {}
         self._shared: OrderedDict[tuple, tuple[CachedPrefix, np.ndarray]] = OrderedDict()
         self.hits = 0  # prompt tokens served from the store, for throughput accounting
         self.misses = 0  # prompt tokens that had to be prefilled
 
-    def reusable(self, key: Hashable | None, prompt: list[int], adapter: str | None) -> tuple[CachedPrefix | None, int]:
+    def reusable(self, key: Hashable | None, prompt: list[int], adapter: str | None) -> tuple[CachedPrefix | SlotPrefix | None, int]:
         """The stored entry for ``key`` and how many leading prompt tokens it covers.
 
         At least one prompt token is always left to prefill: the model needs it to produce the
@@ -67,8 +101,15 @@ class PrefixCache:
         """How many leading tokens of ``prompt`` a shared entry already covers."""
         return max((common_prefix(ids, prompt, len(ids)) for e, ids in self._shared.values() if e.adapter == adapter), default=0)
 
-    def store(self, key: Hashable, entry: CachedPrefix) -> None:
+    def store(self, key: Hashable, entry: CachedPrefix | SlotPrefix) -> None:
         self._entries[key] = entry
+
+    def get(self, key: Hashable) -> CachedPrefix | SlotPrefix | None:
+        return self._entries.get(key)
+
+    def pop(self, key: Hashable) -> CachedPrefix | SlotPrefix | None:
+        """Take ``key``'s entry out (its next turn now owns the states and stores them again when it ends)."""
+        return self._entries.pop(key, None)
 
     def share(self, key: Hashable) -> None:
         """Make the entry stored under ``key`` a shared one (the oldest shared entry beyond MAX_SHARED goes)."""

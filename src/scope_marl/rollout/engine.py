@@ -136,6 +136,8 @@ class RolloutEngine:
                 bar.update(len(finished))
                 bar.set_postfix(ep_s=f"{bar.n / elapsed:.2f}", tok_s=f"{tokens / elapsed:.0f}")
         bar.close()
+        for session in sessions.values():
+            session.close()
         for task, members in groups.values():
             self._group_rewards(task, members)
         self.stats.episodes += len(episodes)
