@@ -201,7 +201,8 @@ def main() -> None:
     print()
     print(
         "where the engine's time goes (seconds; a step's forward is split between prefill and decode by tokens; "
-        "kv copy = states copied out at a turn's end and into its next slot; decode rows/step = mean rows per step)"
+        "kv copy = key/value states copied between slots: a conversation's turns share one slot, so only spills "
+        "(no free slot left) and identical first prompts copied from the one prefilled; decode rows/step = mean rows per step)"
     )
     print(
         f"{'run':<12}{'total':>8}{'prefill':>9}{'decode':>9}{'sample':>9}{'kv copy':>9}{'other':>8}{'steps':>7}{'rows/step':>10}{'ms/step':>9}"
