@@ -274,3 +274,63 @@ def test_a_bench_server_is_a_given_url_or_a_clear_error_without_vllm(tmp_path):
         http.shutdown()
     with pytest.raises(BackendError, match="scope serve vllm --install-only"), running_server(None, tmp_path / "no-venv"):
         pass
+
+
+# ---- turns in flight one by one (a stand-in server with chosen delays) -----------------------------
+
+
+def test_a_rollout_keeps_each_turn_in_flight_on_its_own_so_no_episode_waits_for_a_slow_reply(tokenizer):
+    """A stand-in for the server (not vLLM: it answers every completion with the same short reply)
+    that holds the very first request for 0.6 s: meanwhile the other episodes' turns come back and
+    their next turns are sent (no tick waits for the slowest reply) and every episode completes.
+    Then a refused request fails its own episode only."""
+    import threading
+    import time
+
+    from scope_marl.backends.seat import Seat
+    from scope_marl.config import RolloutConfig
+    from scope_marl.core.types import EpisodeStatus
+    from scope_marl.envs import SayTheWord
+    from scope_marl.rollout import RolloutEngine
+    from scope_marl.simulators import FrozenSimulator
+
+    reply = tokenizer.encode("I would say hello.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    answer = {"choices": [{"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop"}]}
+    lock, log, refuse = threading.Lock(), [], set()  # log: (event, request number, time)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=RECORD["exchanges"][0]["response"])
+        with lock:
+            number = sum(event == "sent" for event, _, _ in log)
+            log.append(("sent", number, time.perf_counter()))
+        time.sleep(0.6 if number == 0 else 0.01)
+        with lock:
+            log.append(("back", number, time.perf_counter()))
+        if number in refuse:
+            return httpx.Response(400, json={"message": "the server refused this one"})
+        return httpx.Response(200, json=answer)
+
+    def play():
+        model = VLLMChatModel("embedded", URL, tokenizer, DEFAULT_SYSTEM_PROMPT, transport=httpx.MockTransport(handler))
+        sampling = SamplingParams(temperature=0.7, max_new_tokens=16)
+        env = SayTheWord(num_tasks=4, max_exchanges=3)
+        config = RolloutConfig(group_size=1, max_concurrent=4, seed=0, on_turn_limit="continue", progress=False)
+        engine = RolloutEngine(env, Seat(model=model, sampling=sampling), FrozenSimulator(model, sampling), config)
+        try:
+            return engine.run(env.tasks("train"))
+        finally:
+            model.close()
+
+    episodes = play()
+    assert all(e.status == EpisodeStatus.COMPLETED and len(e.messages) == 6 for e in episodes), [e.error for e in episodes]
+    slow_back = next(t for event, n, t in log if event == "back" and n == 0)
+    sent_meanwhile = [n for event, n, t in log if event == "sent" and n > 0 and t < slow_back]
+    assert len(sent_meanwhile) > len(episodes), "other episodes' next turns were sent while the first reply was out"
+
+    log.clear()
+    refuse.add(5)
+    episodes = play()
+    failed = [e for e in episodes if e.status == EpisodeStatus.FAILED]
+    assert len(failed) == 1 and "the server refused this one" in failed[0].error
+    assert sum(e.status == EpisodeStatus.COMPLETED for e in episodes) == 3

@@ -7,7 +7,9 @@ its own server (``scope serve vllm``) and this client talks to its OpenAI-compat
   template the local learner uses), ``return_token_ids`` for the sampled ids, ``logprobs: 0`` for the
   sampled token's log-prob, ``seed`` per prompt, the end-of-turn ids as ``stop_token_ids`` and
   ``skip_special_tokens: false``. Each prompt is its own request (its own seed); the server batches
-  concurrent requests itself.
+  concurrent requests itself. In a rollout each turn is sent the moment it is ready
+  (``open_session``, ``backends.remote_session``), so the server's continuous batching sees every
+  turn that could run.
 - ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (the server runs with
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): an adapter ``agent`` updated at step 7 is served as
   ``agent-TAG-v7`` (TAG: random per client, so two runs can share a server); once it is loaded, the
@@ -27,13 +29,14 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Hashable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
 from scope_marl.backends.base import BackendError, ContextLengthError, Generation, check_adapters, cut_at_stop
 from scope_marl.backends.chat_tokens import ChatTokens
+from scope_marl.backends.remote_session import RemoteSession
 from scope_marl.core.seeds import derive_seed
 from scope_marl.core.types import SamplingParams
 
@@ -146,19 +149,41 @@ class VLLMChatModel(ChatTokens):
     ) -> list[Generation]:
         """One completion per prompt, token ids in and out (the server's prefix cache plays the role of ``cache_keys``)."""
         n = len(prompt_ids)
-        adapters = check_adapters(adapters, n, self.adapters)
+        adapters = self._check(prompt_ids, adapters)
         if seeds is not None and len(seeds) != n:
             raise BackendError(f"got {len(seeds)} seeds for {n} prompts; pass one per prompt or None")
-        limit = self.context_length
-        too_long = [i for i, p in enumerate(prompt_ids) if len(p) >= limit]
-        if too_long:
-            raise ContextLengthError(f"prompt(s) {too_long} fill the server's {limit}-token context; shorten the conversation")
         # Without per-prompt seeds, sampling.seed still gives each prompt its own stream (one shared seed would
         # make equal prompts sample equal replies).
         if seeds is None and sampling.seed is not None:
             seeds = [derive_seed(sampling.seed, i) for i in range(n)]
         rows = [(list(p), a, seeds[i] if seeds is not None else None) for i, (p, a) in enumerate(zip(prompt_ids, adapters))]
-        return list(self._pool.map(lambda row: self._one(*row, sampling, limit), rows))
+        return list(self._pool.map(lambda row: self._one(*row, sampling, self.context_length), rows))
+
+    def open_session(self, sampling: SamplingParams) -> RemoteSession:
+        """Turns sent as one request each the moment they are ready, handed back as each finishes
+        (``backends.remote_session``); the rollout engine keeps one per model and sampling."""
+        sent = 0
+
+        def send(prompt: list[int], adapter: str | None, seed: int | None) -> Future:
+            nonlocal sent
+            self._check([prompt], [adapter])
+            if seed is None and sampling.seed is not None:  # as generate_ids: each prompt its own stream
+                seed = derive_seed(sampling.seed, sent)
+            sent += 1
+            return self._pool.submit(self._one, prompt, adapter, seed, sampling, self.context_length)
+
+        return RemoteSession(send)
+
+    def _check(self, prompt_ids: Sequence[Sequence[int]], adapters: Sequence[str | None] | None) -> list[str | None]:
+        """Refuse prompts the server would refuse (an unknown adapter, a full context) before sending any."""
+        adapters = check_adapters(adapters, len(prompt_ids), self.adapters)
+        limit = self.context_length
+        too_long = [i for i, p in enumerate(prompt_ids) if len(p) >= limit]
+        if too_long:
+            raise ContextLengthError(f"prompt(s) {too_long} fill the server's {limit}-token context; shorten the conversation")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise BackendError("empty prompt: every prompt needs at least one token")
+        return adapters
 
     def request(self, prompt: list[int], adapter: str | None, seed: int | None, sampling: SamplingParams, limit: int) -> dict:
         """The ``/v1/completions`` body for one prompt (what the recorded-exchange test checks)."""

@@ -1,14 +1,15 @@
 """The rollout engine: many episodes at once, each turn batched with every other turn in flight.
 
 Each live episode has one next speaker. A turn whose seat's model supports continuous batching
-(``open_session``: the transformers backend) joins that model's decoding session for its
+(``open_session``: the transformers backend's decoding session, a vLLM server's session of
+requests in flight) joins that model's session for its
 sampling settings the moment the turn is ready, and comes back the moment it finishes; the
 episode's next turn then joins at once, so episodes and groups advance independently, with no
 tick waiting for the slowest reply. Turns of both roles on one model share the session (adapters
 mixed per row). Token-level models get their prompts from each role's :class:`StreamBuilder`
 (token-in-token-out) with the conversation as the prefix-cache key, so a turn only prefills what
-the other role said since. Other turns (API models, simulators that answer through
-:meth:`Simulator.respond`) go as one blocking batched call per group once no session is decoding.
+the other role said since. Other turns (OpenAI-compatible API models, simulators that answer
+through :meth:`Simulator.respond`) go as one blocking batched call per group once no session is busy.
 
 Environments with tools: a role's turn may call tools (``backends.tool_format`` renders the schemas
 into its prompt and parses the calls back). The environment executes each call on the episode's own
@@ -364,13 +365,14 @@ class RolloutEngine:
             entry.waiting = True
 
     def _step_sessions(self, sessions: dict) -> None:
-        """One decoding step of every busy session; record the turns that finished."""
+        """One step of every busy session (a local model's packed forward; a server's short wait for
+        replies); record the turns that finished, or the error of a request that failed."""
         for key, session in list(sessions.items()):
             if not session.busy:
                 continue
             rows = session.tags
             clock = time.perf_counter()
-            self.stats.model_calls += 1  # a step is one batched forward
+            self.stats.model_calls += 1  # a step is one batched forward (or one poll of a server)
             try:
                 done = session.step()
             except Exception as err:  # the model failed for the whole batch: its turns fail, a new session starts
