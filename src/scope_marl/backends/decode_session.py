@@ -211,8 +211,11 @@ class DecodeSession:
                 chat.prefix_cache.hits += row.filled
             taken.append((row, past))
         last = max(row.slot for row, _ in taken)
-        queued = live + len(taken) + len(self.parked) + len(self.pending)  # grow slots once for what is queued
-        self.cache.reserve(max(last + 1, min(self.slot_space, queued)), max(len(r.prompt) + r.limit for r, _ in taken))
+        slots = last + 1
+        if slots > self.cache.slots:  # grown for what is queued, and geometrically (each growth copies the cache)
+            queued = live + len(taken) + len(self.parked) + len(self.pending)
+            slots = max(slots, min(self.slot_space, max(queued, int(self.cache.slots * RowCache.GROWTH))))
+        self.cache.reserve(slots, max(len(r.prompt) + r.limit for r, _ in taken))
         while len(self.slots) <= last:
             self.slots.append(None)
         for row, past in taken:
