@@ -121,24 +121,26 @@ class RolloutEngine:
         started = time.perf_counter()
         generated_before = self.stats.generated_tokens
         bar = tqdm(total=len(episodes), unit="ep", desc="rollout", disable=not self.config.progress, leave=False)
-        while queue or live:
-            while queue and len(live) < self.config.max_concurrent:
-                entry = queue.popleft()
-                entry.started = time.perf_counter()
-                if self._open(entry):
-                    live.append(entry)
-            self._dispatch(live, sessions)
-            self._step_sessions(sessions)
-            finished = [e for e in live if e.next_role == ""]
-            live = [e for e in live if e.next_role != ""]
-            if finished:
-                elapsed = time.perf_counter() - started
-                tokens = self.stats.generated_tokens - generated_before
-                bar.update(len(finished))
-                bar.set_postfix(ep_s=f"{bar.n / elapsed:.2f}", tok_s=f"{tokens / elapsed:.0f}")
-        bar.close()
-        for session in sessions.values():
-            session.close()
+        try:
+            while queue or live:
+                while queue and len(live) < self.config.max_concurrent:
+                    entry = queue.popleft()
+                    entry.started = time.perf_counter()
+                    if self._open(entry):
+                        live.append(entry)
+                self._dispatch(live, sessions)
+                self._step_sessions(sessions)
+                finished = [e for e in live if e.next_role == ""]
+                live = [e for e in live if e.next_role != ""]
+                if finished:
+                    elapsed = time.perf_counter() - started
+                    tokens = self.stats.generated_tokens - generated_before
+                    bar.update(len(finished))
+                    bar.set_postfix(ep_s=f"{bar.n / elapsed:.2f}", tok_s=f"{tokens / elapsed:.0f}")
+        finally:
+            bar.close()
+            for session in sessions.values():  # what a session still holds goes back (states copied out, requests dropped)
+                session.close()
         for task, members in groups.values():
             self._group_rewards(task, members)
         self.stats.episodes += len(episodes)
