@@ -178,11 +178,11 @@ class DecodeSession:
         GRPO group's rollouts) are prefilled once and their states copied."""
         if not self.pending:
             return
-        self._reclaim()
         live = sum(r is not None for r in self.slots)
-        free = deque(self._free_slots())
         if live >= self.max_rows:
             return
+        self._reclaim()
+        free = deque(self._free_slots())
         chat = self.chat
         if free:
             self._share_openings(free[0])

@@ -57,7 +57,7 @@ class RowCache:
     @property
     def bytes_per_column(self) -> int:
         """Bytes one token's keys and values take over all layers (46,080 for SmolLM2-135M in fp32)."""
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
