@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from scope_marl.backends import ChatModel, load_backend
+from scope_marl.backends.placement import resolve_placement
 from scope_marl.backends.seat import Seat
 from scope_marl.config import (
     AgentConfig,
@@ -32,8 +33,12 @@ from scope_marl.simulators import PERSONA_GUIDANCE, FrozenSimulator, Rotation, S
 
 
 class ModelCache:
-    def __init__(self) -> None:
+    """Loaded models by spec string, every local one on ``placement`` (a ``backends.placement.Placement``;
+    default the CPU in float32)."""
+
+    def __init__(self, placement=None) -> None:
         self._models: dict[str, ChatModel] = {}
+        self.placement = placement
 
     def register(self, spec: str, model: ChatModel) -> None:
         """Serve an already loaded model for ``spec`` (e.g. the trainer's model with its adapters)."""
@@ -41,7 +46,7 @@ class ModelCache:
 
     def get(self, spec: str) -> ChatModel:
         if spec not in self._models:
-            self._models[spec] = load_backend(spec)
+            self._models[spec] = load_backend(spec, self.placement)
         return self._models[spec]
 
 
@@ -145,5 +150,5 @@ def build_simulator(cfg: SimulatorConfig, models: ModelCache) -> Simulator:
 
 
 def build_rollout(cfg: RolloutRunConfig, models: ModelCache | None = None) -> RolloutEngine:
-    models = models or ModelCache()
+    models = models or ModelCache(resolve_placement(cfg.hardware))
     return RolloutEngine(build_env(cfg.env, models), build_agent(cfg.agent, models), build_simulator(cfg.simulator, models), cfg.rollout)

@@ -69,6 +69,8 @@ def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], Non
     if executor == "ray":
         return _train_on_ray(cfg, run_dir, log, progress)
     trainer = start(cfg, run_dir) if cfg is not None else resume(run_dir, log)
+    if trainer.lead:
+        log(trainer.placement.describe() + (" (agent sharded with FSDP2)" if trainer.sharded else ""))
     return trainer.run(progress)
 
 

@@ -21,17 +21,20 @@ from scope_marl.backends.base import (
 SPEC_FORMS = "embedded | hf:PATH | openai:MODEL[@BASE_URL] | vllm:MODEL@URL | scripted:REPLY[|REPLY...]"
 
 
-def load_backend(spec: str) -> ChatModel:
-    """Build a backend from a spec string such as ``embedded`` or ``openai:gpt-4o-mini``."""
+def load_backend(spec: str, placement=None) -> ChatModel:
+    """Build a backend from a spec string such as ``embedded`` or ``openai:gpt-4o-mini``.
+
+    ``placement`` (a ``backends.placement.Placement``; default the CPU in float32) is where a local
+    model's weights go and in which dtype; remote backends ignore it."""
     kind, _, arg = spec.partition(":")
     if kind == "embedded" and not arg:
         from scope_marl.backends.embedded import load_embedded
 
-        return load_embedded()
+        return load_embedded(placement=placement)
     if kind == "hf" and arg:
         from scope_marl.backends.hf import HFChatModel
 
-        return HFChatModel.from_pretrained(arg)
+        return HFChatModel.from_pretrained(arg, placement=placement)
     if kind == "openai" and arg:
         from scope_marl.backends.openai_api import OpenAIChatModel
 

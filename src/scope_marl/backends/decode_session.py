@@ -98,10 +98,10 @@ class DecodeSession:
         self.max_rows = max_rows or chat.max_batch_size
         self.max_parked = self.max_rows if max_parked is None else max_parked
         cfg = chat.model.config
-        self.device = next(chat.model.parameters()).device
+        self.device = chat.device
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.cache = RowCache(cfg.num_hidden_layers, kv_heads, head_dim, torch.float32, self.device, compiled=chat.compiled_attention)
+        self.cache = RowCache(cfg.num_hidden_layers, kv_heads, head_dim, chat.dtype, self.device, compiled=chat.compiled_attention)
         chat.calibrate_packing()
         self.pending: deque[Row] = deque()
         self.slots: list[Row | None] = []  # the live row in each cache slot; None = no live row (free or parked)
@@ -331,7 +331,7 @@ class DecodeSession:
         if not decode and not chunks:
             return
         ends = [slot for slot, start, count in chunks if start + count == len(self.slots[slot].prompt)]
-        logits = self._run(decode, chunks, torch.cat(ids), adapters, ends)
+        logits = self._run(decode, chunks, torch.cat(ids), adapters, ends).float()  # sampled in float32 (a no-op in fp32)
         for slot, start, count in chunks:
             self.slots[slot].filled = start + count
         if self.logits is None:  # one row per possible slot, allocated once

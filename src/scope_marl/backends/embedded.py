@@ -157,7 +157,7 @@ def unpermute_rotary(weights, heads: int):
 
 
 def load_embedded(name: str = "embedded", **kwargs):
-    """SmolLM2-135M-Instruct as an :class:`HFChatModel` on the CPU in float32."""
+    """SmolLM2-135M-Instruct as an :class:`HFChatModel` (on the CPU in float32 unless ``placement=`` says otherwise)."""
     from scope_marl.backends.hf import HFChatModel
 
     kwargs.setdefault("default_system_prompt", DEFAULT_SYSTEM_PROMPT)

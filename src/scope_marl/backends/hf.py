@@ -38,7 +38,6 @@ from scope_marl.backends.packed_linear import PackedModules, PackedWeights, pack
 from scope_marl.backends.prefix_cache import PrefixCache
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" inside a mixed batch
-_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # stands in for a mask transformers would otherwise build
 
 
 def _keep_rows(out, keep: torch.Tensor):
@@ -100,9 +99,13 @@ class HFChatModel(ChatTokens):
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, name: str | None = None, device: str = "cpu", **kwargs):
+    def from_pretrained(cls, path: str | os.PathLike, name: str | None = None, placement=None, **kwargs):
+        """A model directory (``save_pretrained`` layout) loaded onto ``placement``'s device in its dtype
+        (default: the CPU in float32)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
+
+        from scope_marl.backends.placement import CPU
 
         hf_logging.disable_progress_bar()  # a second-long load needs no progress bar
         path = Path(path)
@@ -112,7 +115,8 @@ class HFChatModel(ChatTokens):
                 "save_pretrained, or use --model embedded for the bundled SmolLM2-135M-Instruct"
             )
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+        placement = placement or CPU
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=placement.dtype, device_map=None).to(placement.device)
         return cls(model, tokenizer, name=name or f"hf:{path}", **kwargs)
 
     # ---- LoRA adapters -------------------------------------------------------------------------
@@ -136,6 +140,11 @@ class HFChatModel(ChatTokens):
             self.model.add_adapter(name, source)
         else:
             self.model = get_peft_model(self.model, source, adapter_name=name)
+        # Master weights: an adapter trains in float32 whatever the base's dtype (peft casts each layer's
+        # input to the adapter's dtype and its output back), so its optimizer state is float32 too.
+        for parameter_name, parameter in self.model.named_parameters():
+            if "lora_" in parameter_name and f".{name}." in parameter_name and parameter.dtype != torch.float32:
+                parameter.data = parameter.data.float()
         self.model.eval()
 
     def remove_adapter(self, name: str) -> None:
@@ -236,6 +245,16 @@ class HFChatModel(ChatTokens):
         self.prefix_cache.release(cache_keys)
 
     @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (every tensor made for it is made there)."""
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The base weights' dtype (LoRA adapters stay float32 under a bfloat16 base), which the KV cache takes."""
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
     def context_length(self) -> int:
         return getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
 
@@ -257,7 +276,7 @@ class HFChatModel(ChatTokens):
                 out = self.model(
                     input_ids=ids[:, None],
                     position_ids=positions[:, None],
-                    attention_mask=_NO_MASK,  # a prepared 4-D mask is passed through untouched; kv_slots masks
+                    attention_mask=cache.no_mask,  # a prepared 4-D mask is passed through untouched; kv_slots masks
                     cache=cache,
                     use_cache=True,
                     logits_to_keep=1,

@@ -44,6 +44,8 @@ class RowCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
+        # Stands in for the mask transformers would otherwise build (a prepared 4-D mask passes through untouched).
+        self.no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
         self._step: _Step | None = None
 
     @property

@@ -58,11 +58,11 @@ def sample_next(
     if greedy:
         ids = logp.argmax(-1)
     else:
-        u = _uniforms(probs.shape[0], generator)
+        u = _uniforms(probs.shape[0], generator).to(probs.device)  # drawn on the CPU: the same numbers on every device
         if sampling.top_p < 1.0:
             ids = _sample_nucleus(probs, sampling.top_p, u)
         else:
-            ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1]).expand_as(probs), u)
+            ids = _sample_inverse_cdf(probs, torch.arange(probs.shape[-1], device=probs.device).expand_as(probs), u)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1), entropy
 
 

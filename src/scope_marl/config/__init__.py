@@ -6,6 +6,7 @@ TrainConfig`` is the usual import.
 """
 
 from scope_marl.config.env import CoopConfig, EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
+from scope_marl.config.hardware import HardwareSettings
 from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, validate
 from scope_marl.config.rollout import AgentConfig, RaySettings, RolloutConfig, RolloutRunConfig
 from scope_marl.config.sft import SFTConfig
@@ -34,6 +35,7 @@ __all__ = [
     "EnvConfig",
     "EvalSettings",
     "FrozenSimulatorConfig",
+    "HardwareSettings",
     "LLMSimulatorFields",
     "LearnerConfig",
     "LoraSettings",

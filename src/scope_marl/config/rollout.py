@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from scope_marl.config.env import EnvConfig, SayTheWordConfig, Split
+from scope_marl.config.hardware import HardwareSettings
 from scope_marl.config.loading import Section
 from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
 from scope_marl.core.types import SamplingParams
@@ -64,3 +65,4 @@ class RolloutRunConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     executor: Literal["local", "ray"] = Field("local", description="play in this process, or on Ray rollout workers (the ray extra)")
     ray: RaySettings = Field(default_factory=RaySettings)
+    hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device and precision of the local models")

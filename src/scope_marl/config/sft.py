@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from scope_marl.config.env import P4GConfig
+from scope_marl.config.hardware import HardwareSettings
 from scope_marl.config.loading import Section
 from scope_marl.config.train import LoraSettings
 
@@ -37,3 +38,4 @@ class SFTConfig(Section):
     keep_last: int = Field(2, ge=1)
     seed: int = 0
     threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
+    hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device and precision")

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from scope_marl.config.env import EnvConfig, SayTheWordConfig, Split
+from scope_marl.config.hardware import HardwareSettings
 from scope_marl.config.loading import Section
 from scope_marl.config.rollout import RaySettings, RolloutConfig
 from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
@@ -40,6 +41,9 @@ class LearnerConfig(Section):
         description="the ratio's denominator: the log-probs recorded at sampling (exact for local models), or the learner's own "
         "re-scoring of the batch before its first update (for a remote sampler such as a vLLM server, whose log-probs differ in "
         "float detail); the sampler/learner gap is reported either way",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)"
     )
 
 
@@ -101,6 +105,7 @@ class TrainConfig(Section):
     pool: PoolSettings | None = Field(None, description="population co-training: snapshots of the trainable simulator")
     seed: int = 0
     threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
+    hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device, precision and torchrun sharding")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
     tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")
     executor: Literal["local", "ray"] = Field("local", description="rollouts in this process, or on Ray rollout workers (the ray extra)")

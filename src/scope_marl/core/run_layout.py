@@ -68,6 +68,11 @@ def weights_path(checkpoint: Path, name: str) -> Path:
     return Path(checkpoint) / "weights" / f"{name}.safetensors"
 
 
+def sharded_path(checkpoint: Path, name: str) -> Path:
+    """A sharded policy's weights and optimizer state (torch.distributed.checkpoint, one file per rank)."""
+    return Path(checkpoint) / "sharded" / name
+
+
 def run_dir_of(checkpoint: Path) -> Path:
     return Path(checkpoint).parent.parent
 

@@ -77,7 +77,7 @@ class AgentRecipe:
     def build(self, models: ModelCache) -> AgentUnderTest:
         base = models.get(self.spec)
         if self.weights is not None:
-            own = load_backend(self.spec)
+            own = load_backend(self.spec, models.placement)
             own.model.load_state_dict(self.weights)
             return AgentUnderTest(own, None, self.label, models, self.step, self.spec)
         if self.adapter is None:
@@ -111,11 +111,25 @@ def load_agent(checkpoint_or_base: str, model: str | None = None, models: ModelC
     base = models.get(spec)
     step = run_layout.read_state(path)["step"]
     if run_layout.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
-        agent = load_backend(spec)
+        agent = load_backend(spec, models.placement)
         agent.load_weights(run_layout.weights_path(path, "agent"))
+        return AgentUnderTest(agent, None, str(path), models, step, spec)
+    if run_layout.sharded_path(path, "agent").is_dir():  # ... written shard by shard (FSDP2): read whole here
+        agent = load_backend(spec, models.placement)
+        load_shards(agent.model, run_layout.sharded_path(path, "agent"))
         return AgentUnderTest(agent, None, str(path), models, step, spec)
     base.add_adapter(name, str(run_layout.saved_adapter(path, "agent")))
     return AgentUnderTest(base, name, str(path), models, step, spec)
+
+
+def load_shards(model, folder: Path) -> None:
+    """A sharded run's weights (``torch.distributed.checkpoint``, written by any number of ranks) into one
+    whole model in this process: DCP reshards on load, no process group needed."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=folder, no_dist=True)
+    model.load_state_dict(state["model"])
 
 
 def simulator_seed(panel_seed: int, simulator_id: str) -> int:

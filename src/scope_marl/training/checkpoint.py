@@ -19,18 +19,37 @@ from pathlib import Path
 import torch
 
 from scope_marl.core import files, run_layout
+from scope_marl.training import data_parallel
 
 MANIFEST = "manifest.json"  # size and SHA-256 of every other file, written last
 
 
 def save(
-    run_dir: Path, step: int, chat, adapters: list[str], optimizers: dict, state: dict, engine_state: dict, weights: dict | None = None
+    run_dir: Path,
+    step: int,
+    chat,
+    adapters: list[str],
+    optimizers: dict,
+    state: dict,
+    engine_state: dict,
+    weights: dict | None = None,
+    sharded: dict | None = None,
 ) -> Path:
-    """``weights`` maps a policy name to a fully fine-tuned model whose every weight is saved."""
+    """``weights`` maps a policy name to a fully fine-tuned model whose every weight is saved.
+
+    ``sharded`` maps a policy name to ``(model, optimizer)`` of an FSDP2-sharded policy: each rank writes
+    its own shards with ``torch.distributed.checkpoint`` into ``sharded/NAME`` (storage every rank can
+    reach), so no rank ever holds the whole model or optimizer state, and a resume may use another
+    number of ranks. With ``sharded`` every rank calls this; rank 0 alone writes everything else."""
     from safetensors.torch import save_model
 
     target = run_layout.checkpoint_dir(run_dir, step)
+    if sharded and data_parallel.rank() != 0:
+        _save_sharded(sharded, Path(data_parallel.broadcast(None)))  # into rank 0's temporary folder
+        return target
     with files.atomic_directory(target) as tmp:
+        if sharded:
+            _save_sharded(sharded, Path(data_parallel.broadcast(str(tmp))))
         for name in adapters:
             chat.model.save_pretrained(tmp / "adapters", selected_adapters=[name])
         for name, model_chat in (weights or {}).items():
@@ -42,6 +61,34 @@ def save(
         manifest = {str(p.relative_to(tmp)): _fingerprint(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return target
+
+
+def _save_sharded(sharded: dict, folder: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    for name, (model, optimizer) in sharded.items():
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=run_layout.sharded_path(folder, name))
+
+
+def load_sharded(checkpoint: Path, sharded: dict) -> None:
+    """Load what :func:`save` wrote for each sharded ``(model, optimizer)`` (every rank calls it,
+    whatever the number of ranks that wrote it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    for name, (model, optimizer) in sharded.items():
+        folder = run_layout.sharded_path(checkpoint, name)
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"{checkpoint} holds no sharded weights for {name!r} (it was written by an unsharded run); "
+                "resume it with the hardware settings it was started with"
+            )
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=folder)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def _fingerprint(path: Path) -> dict:

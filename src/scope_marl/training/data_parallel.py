@@ -79,6 +79,15 @@ def gather(items: list[T]) -> list[T]:
     return [x for part in parts for x in part]
 
 
+def broadcast(value: T) -> T:
+    """Rank 0's ``value`` on every rank (what the others pass is ignored); itself when there is one rank."""
+    if not distributed():
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if distributed():
         torch.distributed.barrier()

@@ -11,6 +11,8 @@ first update of a batch is on-policy: importance ratios of 1 and no clipping.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections.abc import Sequence
 
@@ -21,6 +23,7 @@ from scope_marl.config.train import LearnerConfig
 from scope_marl.core.types import Episode, RoleStream
 from scope_marl.training.data_parallel import all_ranks, all_reduce_, distributed, rank, shard_groups, world
 from scope_marl.training.losses import group_advantages, policy_loss, zero_variance_share
+from scope_marl.training.sharding import checkpointed_layers, full, is_sharded, run_body
 from scope_marl.training.token_logprobs import body_and_head, check_head_decomposition, token_logprobs
 
 
@@ -53,7 +56,10 @@ class Learner:
             p.requires_grad_(True)
         for scored in (chat, reference) if reference is not None else (chat,):
             check_head_decomposition(scored.model)
+        # LoRA weights are float32 under any base (HFChatModel.add_adapter), so AdamW's state is too; a sharded
+        # model's parameters are its float32 master shards (training.sharding).
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.sharded = is_sharded(chat.model)
         self.steps = 0
 
     # ---- scoring ---------------------------------------------------------------------------------
@@ -100,56 +106,94 @@ class Learner:
             return self._score(streams, model)
 
     def _score(self, streams: Sequence[RoleStream], model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from transformers import DynamicCache
-
         # The transformer body gives hidden states; the LM head runs only on the response positions,
         # packed without padding (token_logprobs). peft's LoRA layers sit inside the body, so the
-        # active adapter (or disable_adapter) applies as it does to the whole model.
+        # active adapter (or disable_adapter) applies as it does to the whole model. Every tensor is
+        # made on the model's device; log-probs, entropies and the mask are float32 whatever the weights.
         body, head = body_and_head(model)
-        prompts = list(dict.fromkeys(tuple(s.prompt_ids) for s in streams))
-        which = torch.tensor([prompts.index(tuple(s.prompt_ids)) for s in streams])
-        width_p = max(len(p) for p in prompts)
+        device = head.weight.device
         width = max(len(s.response_ids) for s in streams)
+        ids_r = torch.full((len(streams), width), self.chat.pad_id, dtype=torch.long)
+        mask_r = torch.zeros(len(streams), width, dtype=torch.bool)
+        mask = torch.zeros(len(streams), width)
+        for i, s in enumerate(streams):
+            ids_r[i, : len(s.response_ids)] = torch.tensor(s.response_ids)
+            mask_r[i, : len(s.response_ids)] = True
+            mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float)
+        ids_r, mask_r, mask = ids_r.to(device), mask_r.to(device), mask.to(device)
+        run = functools.partial(run_body, model, body)
+        checkpointing = self.config.gradient_checkpointing and torch.is_grad_enabled()
+        if checkpointing or is_sharded(model):
+            # A sharded model's every forward is a collective: one forward per scoring on every rank, whatever the streams.
+            hidden = self._hidden_whole(streams, run, body, width, device, checkpointing)
+        else:
+            hidden = self._hidden_shared_prompts(streams, run, body, ids_r, mask_r, device)
+        packed_logp, packed_entropy = token_logprobs(
+            hidden[mask_r], head.weight, head.bias, ids_r[mask_r], self.temperature, entropy_grad=self.config.entropy_coef > 0
+        )
+        logp = hidden.new_zeros(len(streams), width, dtype=torch.float32).masked_scatter(mask_r, packed_logp)
+        entropy = hidden.new_zeros(len(streams), width, dtype=torch.float32).masked_scatter(mask_r, packed_entropy)
+        return logp, entropy, mask
+
+    def _hidden_shared_prompts(self, streams, run, body, ids_r, mask_r, device) -> torch.Tensor:
+        """[B, T, H] hidden states predicting each response token, each distinct prompt run once and its
+        key/value states repeated for the responses that continue it (:meth:`score`)."""
+        from transformers import DynamicCache
+
+        prompts = list(dict.fromkeys(tuple(s.prompt_ids) for s in streams))
+        which = torch.tensor([prompts.index(tuple(s.prompt_ids)) for s in streams], device=device)
+        width_p = max(len(p) for p in prompts)
+        width = ids_r.shape[1]
         ids_p = torch.full((len(prompts), width_p), self.chat.pad_id, dtype=torch.long)
         mask_p = torch.zeros(len(prompts), width_p, dtype=torch.long)
         for i, p in enumerate(prompts):
             ids_p[i, width_p - len(p) :] = torch.tensor(p)
             mask_p[i, width_p - len(p) :] = 1
-        cache = DynamicCache(config=model.config)
-        hidden_p = body(
+        ids_p, mask_p = ids_p.to(device), mask_p.to(device)
+        cache = DynamicCache(config=body.config)
+        hidden_p = run(
             input_ids=ids_p,
             attention_mask=mask_p,
             position_ids=(mask_p.cumsum(-1) - 1).clamp(min=0),
             cache=cache,
             use_cache=True,
-        ).last_hidden_state
+        )
         hidden = hidden_p[:, -1][which][:, None]  # [B, 1, H]: predicts each response's first token
         cache.reorder_cache(which)  # one copy of the prompt's states per response (differentiable)
-        ids_r = torch.full((len(streams), width), self.chat.pad_id, dtype=torch.long)
-        mask_r = torch.zeros(len(streams), width, dtype=torch.bool)
-        for i, s in enumerate(streams):
-            ids_r[i, : len(s.response_ids)] = torch.tensor(s.response_ids)
-            mask_r[i, : len(s.response_ids)] = True
         prompt_len = mask_p.sum(-1)[which]
-        positions = prompt_len[:, None] + torch.arange(width)[None, :]
+        positions = prompt_len[:, None] + torch.arange(width, device=device)[None, :]
         if width > 1:  # position j predicts response token j
-            rest = body(
+            rest = run(
                 input_ids=ids_r[:, :-1],
                 attention_mask=torch.cat([mask_p[which], mask_r[:, :-1].long()], dim=1),
                 position_ids=positions[:, :-1],
                 cache=cache,
                 use_cache=True,
-            ).last_hidden_state
+            )
             hidden = torch.cat([hidden, rest], dim=1)
-        packed_logp, packed_entropy = token_logprobs(
-            hidden[mask_r], head.weight, head.bias, ids_r[mask_r], self.temperature, entropy_grad=self.config.entropy_coef > 0
-        )
-        logp = hidden.new_zeros(len(streams), width).masked_scatter(mask_r, packed_logp)
-        entropy = hidden.new_zeros(len(streams), width).masked_scatter(mask_r, packed_entropy)
-        mask = torch.zeros(len(streams), width)
+        return hidden
+
+    def _hidden_whole(self, streams, run, body, width: int, device, checkpointing: bool) -> torch.Tensor:
+        """The same hidden states from one forward of every stream whole (prompt + response, right-padded,
+        no shared prompt states): more tokens through the model. With ``checkpointing`` each decoder layer
+        keeps only its input and recomputes the rest in the backward (far fewer activations kept); a layer
+        that writes a key/value cache could not be replayed (the replay would write it twice), hence no cache."""
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in streams]
+        ids = torch.full((len(streams), max(lengths)), self.chat.pad_id, dtype=torch.long)
+        attention = torch.zeros(len(streams), max(lengths), dtype=torch.long)
         for i, s in enumerate(streams):
-            mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float)
-        return logp, entropy, mask
+            ids[i, : lengths[i]] = torch.tensor([*s.prompt_ids, *s.response_ids])
+            attention[i, : lengths[i]] = 1
+        ids, attention = ids.to(device), attention.to(device)
+        with checkpointed_layers(body) if checkpointing else contextlib.nullcontext():
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            whole = run(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False)
+        # Response token j of stream i is predicted at position len(prompt_i) - 1 + j.
+        index = torch.zeros(len(streams), width, dtype=torch.long)
+        for i, s in enumerate(streams):
+            start = len(s.prompt_ids) - 1
+            index[i] = torch.arange(start, start + width).clamp(max=lengths[i] - 1)
+        return whole.gather(1, index.to(device)[:, :, None].expand(-1, -1, whole.shape[-1]))
 
     # ---- supervised fine-tuning ------------------------------------------------------------------
     def supervised_step(self, streams: Sequence[RoleStream]) -> dict[str, float]:
@@ -165,7 +209,7 @@ class Learner:
             loss = -(logp * mask).sum() / tokens
             loss.backward()
             loss_sum += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        grad_norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
         self.optimizer.step()
         self.steps += 1
         self.chat.prefix_cache.clear()  # cached states were computed with the old weights
@@ -218,15 +262,25 @@ class Learner:
         # gap between its log-probs and the rollout's is float error when the streams are token-exact.
         logprob_gap = gap_sum = 0.0
         rescored: dict[int, torch.Tensor] = {}  # micro-batch -> the learner's log-probs before the first update
+        device = self.chat.device
+        advantages = advantages.to(device)
+        micro_batches = self._micro_batches([streams[i] for i in mine])
+        # A sharded model gathers its weights layer by layer in every forward, a collective every rank must
+        # join: ranks with fewer micro-batches run empty ones (a real stream, weighted zero) until all are done.
+        idle = all_ranks(len(micro_batches), "max") - len(micro_batches) if self.sharded else 0
         for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for m, local in enumerate(self._micro_batches([streams[i] for i in mine])):
+            for _ in range(idle):
+                logp, _, _ = self.score(streams[:1])
+                (logp.sum() * 0.0).backward()
+            for m, local in enumerate(micro_batches):
                 batch = [mine[i] for i in local]
                 chunk = [streams[i] for i in batch]
                 new_logp, entropy, mask = self.score(chunk)
-                sampler_logp = torch.zeros_like(new_logp)
+                sampler_logp = torch.zeros(new_logp.shape)
                 for j, s in enumerate(chunk):
                     sampler_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
+                sampler_logp = sampler_logp.to(device)
                 if epoch == 0:
                     # Every micro-batch of the first epoch is scored before the optimizer step: the weights that sampled.
                     if self.config.old_logprobs == "learner":
@@ -261,12 +315,12 @@ class Learner:
                 for key, value in stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + value * tokens
                 stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach()) * share
-            if distributed():
+            if distributed() and not self.sharded:  # a sharded model's gradients are summed by its reduce-scatter
                 for p in self.params:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     all_reduce_(p.grad)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+            grad_norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
             self.optimizer.step()
             self.steps += 1
         self.chat.model.train(was_training)

@@ -39,6 +39,7 @@ import torch
 from scope_marl.assembly import ModelCache, build_env
 from scope_marl.backends import load_backend
 from scope_marl.backends.hf import HFChatModel
+from scope_marl.backends.placement import resolve_placement
 from scope_marl.config import LearnerConfig, SFTConfig, dump_config
 from scope_marl.core import files, run_layout
 from scope_marl.core.run_lock import RunLock
@@ -109,7 +110,13 @@ class SFTRun:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.chat = ModelCache().get(cfg.model)
+        placement = resolve_placement(cfg.hardware)
+        if cfg.finetune == "full" and placement.dtype != torch.float32:
+            raise ValueError(
+                "scope sft fine-tunes every weight in the weights' own dtype (no float32 master copy), so bfloat16 would lose "
+                "small updates: use finetune: lora (its adapter trains in float32), or hardware.dtype: float32"
+            )
+        self.chat = ModelCache(placement).get(cfg.model)
         if not isinstance(self.chat, HFChatModel):
             raise ValueError(f"scope sft needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
         env = build_env(cfg.env)
@@ -128,7 +135,7 @@ class SFTRun:
             lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, token_budget=cfg.token_budget, kl_coef=0.0
         )
         if cfg.finetune == "full":
-            self.policy, self.adapter = load_backend(cfg.model), None
+            self.policy, self.adapter = load_backend(cfg.model, placement), None
         else:
             from peft import LoraConfig
 

@@ -29,6 +29,7 @@ import torch
 from scope_marl.assembly import ModelCache, build_env, build_simulator
 from scope_marl.backends import load_backend
 from scope_marl.backends.hf import HFChatModel
+from scope_marl.backends.placement import CPU, Placement, resolve_placement
 from scope_marl.backends.seat import Seat
 from scope_marl.config import TrainConfig, load_config
 from scope_marl.core import files, run_layout
@@ -36,7 +37,7 @@ from scope_marl.core.run_lock import RunLock
 from scope_marl.core.seeds import derive_seed, shuffled_position
 from scope_marl.envs import AGENT, USER
 from scope_marl.rollout import RolloutEngine, RolloutRecorder, summarize
-from scope_marl.training import checkpoint, data_parallel
+from scope_marl.training import checkpoint, data_parallel, sharding
 from scope_marl.training.learner import Learner
 from scope_marl.training.tensorboard import TensorBoardWriter
 
@@ -76,7 +77,17 @@ def build_policies(cfg: TrainConfig, models: ModelCache) -> tuple[HFChatModel, H
     # LoRA: the agent is an adapter on the shared base. Full fine-tuning: the agent is its own
     # copy of the weights, and the shared base (which frozen simulators also play on) is its KL reference.
     full = cfg.finetune == "full"
-    agent_chat = load_backend(cfg.model) if full else chat
+    placement = models.placement or CPU
+    if shards_agent(cfg, placement):
+        # Sharded (training.sharding): float32 master weights, gathered in the compute dtype for each forward.
+        agent_chat = load_backend(cfg.model, Placement(placement.device, torch.float32))
+        sharding.open_world_of_one(placement.device)  # a single process still needs a process group
+        sharding.shard(agent_chat.model, placement.dtype)
+        agent_chat.packed = None  # the gathered weights are new tensors each time: no packed copies of them
+    elif full:
+        agent_chat = load_backend(cfg.model, placement)
+    else:
+        agent_chat = chat
     if full:
         chat.model.requires_grad_(False)
     add_run_adapters(chat, cfg)
@@ -93,6 +104,17 @@ def build_policies(cfg: TrainConfig, models: ModelCache) -> tuple[HFChatModel, H
     return chat, agent_chat, RolloutEngine(env, agent, simulator, cfg.rollout)
 
 
+def shards_agent(cfg: TrainConfig, placement: Placement) -> bool:
+    """Whether the fully fine-tuned agent is sharded with FSDP2: asked for (``hardware.parallel: fsdp``),
+    or needed for float32 master weights under a bfloat16 run (then on however many ranks there are, one included)."""
+    if cfg.hardware.parallel == "fsdp" and cfg.finetune != "full":
+        raise ValueError(
+            "hardware.parallel: fsdp shards a fully fine-tuned agent (finetune: full); LoRA runs keep a whole base on every "
+            "rank in this release: use parallel: replicate with finetune: lora"
+        )
+    return cfg.finetune == "full" and (cfg.hardware.parallel == "fsdp" or placement.dtype != torch.float32)
+
+
 def remote_sampler(spec: str, chat: HFChatModel):
     """The sampler server as a backend, checked to tokenize exactly as the learner's local copy does."""
     sampler = load_backend(spec)
@@ -106,7 +128,7 @@ def remote_sampler(spec: str, chat: HFChatModel):
 
 def worker_engine(cfg: TrainConfig) -> RolloutEngine:
     """A Ray rollout worker's engine: the run's models and adapters (their weights arrive by push)."""
-    return build_policies(cfg, ModelCache())[2]
+    return build_policies(cfg, ModelCache(resolve_placement(cfg.hardware)))[2]
 
 
 class Evaluator(Protocol):
@@ -152,8 +174,10 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
-        models = ModelCache()
+        self.placement = resolve_placement(cfg.hardware)
+        models = ModelCache(self.placement)
         self.chat, self.agent_chat, self.engine = build_policies(cfg, models)
+        self.sharded = sharding.is_sharded(self.agent_chat.model)
         self.full = cfg.finetune == "full"
         self.agent_adapter = None if self.full else ADAPTERS[AGENT]
         self.env, self.simulator = self.engine.env, self.engine.simulator
@@ -247,23 +271,32 @@ class Trainer:
         record["update_s"] = time.perf_counter() - update_started
         if self.cfg.pool is not None and self.step % self.cfg.pool.every == 0:
             self._snapshot_simulator()
-        if not self.lead:
-            return record
         if self.cfg.eval.every and self.step % self.cfg.eval.every == 0:
-            results = self.evaluator.evaluate(self.agent_chat, self.agent_adapter, self.models, self.step, executor=self.executor)
-            files.write_json(run_layout.eval_path(self.run_dir, self.step), results)
-            record["eval"] = self.evaluator.metrics(results)
+            with sharding.gathered(self.agent_chat.model):  # every rank gathers a sharded agent; the lead plays it
+                if self.lead:
+                    results = self.evaluator.evaluate(self.agent_chat, self.agent_adapter, self.models, self.step, executor=self.executor)
+                    files.write_json(run_layout.eval_path(self.run_dir, self.step), results)
+                    record["eval"] = self.evaluator.metrics(results)
+        if not self.lead:
+            if self.sharded and data_parallel.broadcast(None):  # the lead decides; every rank writes its shard
+                self.save()
+            return record
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.tensorboard is not None:
             self.tensorboard.write(record)
         held_out = record.get("eval", {}).get("reward_agent")
+        save = False
         if held_out is not None and (self.best is None or held_out > self.best[0]):
             # The best held-out agent so far gets a checkpoint of its own, kept beside the last N.
             # Stored as the folder name, so a moved run or a resume from another directory still finds it.
             self.best = (held_out, run_layout.checkpoint_dir(self.run_dir, self.step).name)
-            self.save()
+            save = True
         elif self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
+            save = True
+        if self.sharded:
+            data_parallel.broadcast(save)
+        if save:
             self.save()
         return record
 
@@ -290,6 +323,10 @@ class Trainer:
         rank, under the numbers the local engine would give them (so every path samples the same episodes)."""
         if self.cfg.sampler is not None and self._unsynced:
             self._push_to_sampler()
+        with sharding.gathered(self.agent_chat.model):  # a sharded agent plays with its whole weights on every rank
+            return self._play_gathered(tasks)
+
+    def _play_gathered(self, tasks) -> list:
         if self.world == 1 and self.executor is None:
             return self.engine.run(tasks)
         first = self.engine.state_dict()["groups"]
@@ -380,8 +417,9 @@ class Trainer:
         return sorted(names - {ADAPTERS[AGENT]} if self.full else names)
 
     def save(self) -> Path | None:
-        """A checkpoint of this step (rank 0 only under data parallelism: the ranks hold equal weights)."""
-        if not self.lead:
+        """A checkpoint of this step (rank 0 only under data parallelism: the ranks hold equal weights;
+        every rank when the agent is sharded, each writing its own shards)."""
+        if not self.lead and not self.sharded:
             return None
         adapters = self._saved_adapters()
         state = {
@@ -395,11 +433,14 @@ class Trainer:
             self.step,
             self.chat,
             adapters,
-            {role: learner.optimizer for role, learner in self.learners.items()},
+            {role: learner.optimizer for role, learner in self.learners.items() if not (self.sharded and role == AGENT)},
             state,
             self.engine.state_dict(),
-            weights={ADAPTERS[AGENT]: self.agent_chat} if self.full else None,
+            weights={ADAPTERS[AGENT]: self.agent_chat} if self.full and not self.sharded else None,
+            sharded={ADAPTERS[AGENT]: (self.agent_chat.model, self.learners[AGENT].optimizer)} if self.sharded else None,
         )
+        if not self.lead:
+            return path
         checkpoint.prune(self.run_dir, self.cfg.keep_last, Path(self.best[1]).name if self.best else None)
         return path
 
@@ -412,12 +453,21 @@ class Trainer:
         pool member appears once when the steps are played again. (A pool member evicted by a later
         snapshot cannot come back: keep ``pool.max_size`` above the snapshots between checkpoints.)
         """
-        if not self.lead:
+        if self.sharded:
+            # Loading shards is a collective: the lead picks the newest whole checkpoint (setting damaged ones
+            # aside by their manifests) and every rank loads that one together.
+            newest = checkpoint.load_newest(self.run_dir, lambda path: None, log) if self.lead else None
+            self._load_checkpoint(Path(data_parallel.broadcast(str(newest))))
+        elif not self.lead:
             data_parallel.barrier()  # the lead sets damaged checkpoints aside and trims the run first
             self._load_newest_checkpoint(log)
             return self
+        if not self.lead:
+            data_parallel.barrier()  # while the lead trims the run
+            return self
         try:
-            self._load_newest_checkpoint(log)
+            if not self.sharded:
+                self._load_newest_checkpoint(log)
             self._truncate_metrics(log)
             self._trim_rollouts(log)
             self._rewind_pool(log)
@@ -432,10 +482,13 @@ class Trainer:
         state, optimizers, rng = checkpoint.load_state(path)
         for name in self._saved_adapters():
             self.chat.load_adapter_weights(name, run_layout.saved_adapter(path, name))
-        if self.full:
+        if self.sharded:
+            checkpoint.load_sharded(path, {ADAPTERS[AGENT]: (self.agent_chat.model, self.learners[AGENT].optimizer)})
+        elif self.full:
             self.agent_chat.load_weights(run_layout.weights_path(path, ADAPTERS[AGENT]))
         for role, learner in self.learners.items():
-            learner.optimizer.load_state_dict(optimizers[role])
+            if not (self.sharded and role == AGENT):
+                learner.optimizer.load_state_dict(optimizers[role])
         checkpoint.restore_rng(rng)
         self.engine.load_state_dict(rng["engine"])
         self.step, self.cursor, self.best = state["step"], state["cursor"], state["best"]
