@@ -125,10 +125,14 @@ def load_agent(checkpoint_or_base: str, model: str | None = None, models: ModelC
 def load_shards(model, folder: Path) -> None:
     """A sharded run's weights (``torch.distributed.checkpoint``, written by any number of ranks) into one
     whole model in this process: DCP reshards on load, no process group needed."""
+    import warnings
+
     import torch.distributed.checkpoint as dcp
 
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=folder, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=folder, no_dist=True)
     model.load_state_dict(state["model"])
 
 
