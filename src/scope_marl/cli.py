@@ -212,6 +212,46 @@ def train(
 
 @app.command()
 @guarded
+def plan(
+    config: Path = typer.Argument(..., help="YAML config (schema: scope_marl.config.TrainConfig)"),
+    gpus: int = typer.Option(None, "--gpus", min=1, help="plan for N GPUs (with hardware.device: auto, CUDA in bfloat16)"),
+    gpu_memory: float = typer.Option(None, "--gpu-memory", min=0.1, help="GiB per GPU (default: the GPU's own, else 80)"),
+    memory: float = typer.Option(None, "--memory", min=0.1, help="GiB of RAM for a CPU plan (default: this machine's)"),
+    json_path: Path = typer.Option(None, "--json", help="also write the plan's numbers here as JSON"),
+) -> None:
+    """The memory a training run needs per device, from the models built on the meta device (no weights read),
+    whether it fits, and the change that would make it fit; ends with a RESULT line.
+
+    Example: scope plan configs/train_p4g_cotrain.yaml --gpus 1 --gpu-memory 80
+    """
+    from scope_marl.config import TrainConfig, load_config
+    from scope_marl.core import files
+    from scope_marl.training.plan import GIB, plan_run
+
+    result = plan_run(load_config(config, TrainConfig), gpus, gpu_memory, memory)
+    numbers = result.as_dict()
+    per = f"per GPU, {numbers['gpus']} GPU(s)" if result.device == "cuda" else "the CPU process"
+    table = Table(title=f"{config}: {result.device}, {result.dtype}, {per}")
+    for name, justify in (("part", "left"), ("phase", "left"), ("GiB", "right"), ("note", "left")):
+        table.add_column(name, justify=justify)
+    for part in result.parts:
+        table.add_row(escape(part.name), part.phase, f"{part.bytes / GIB:.3f}", escape(part.note))
+    table.add_section()
+    for phase, gib in numbers["phases_gib"].items():
+        table.add_row(phase, "", f"{gib:.3f}", "the largest transient phase" if phase == numbers["peak_phase"] else "")
+    table.add_row("total", "", f"{numbers['plan_total_gib']:.3f}", numbers["total_rule"])
+    table.add_row("capacity", "", f"{numbers['capacity_gib']:.3f}", escape(numbers["capacity_source"]))
+    console.print(table)
+    for line in numbers["assumptions"]:
+        console.print(f"assumed: {escape(line)}", soft_wrap=True)
+    console.print("fits" if result.fits else f"[bold red]does not fit[/]; to fit: {escape(result.fix or '')}", soft_wrap=True)
+    if json_path is not None:
+        files.write_json(json_path, numbers)
+    console.print(result.result_line(), soft_wrap=True, markup=False)
+
+
+@app.command()
+@guarded
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="report directory (a used one becomes DIR-2, DIR-3, ...)"),
     steps: int = typer.Option(2, min=1, help="GRPO steps per LLM arm (part 2)"),

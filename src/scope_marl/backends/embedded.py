@@ -106,16 +106,10 @@ def read_gguf_llama(path: Path):
     import numpy as np
     import torch
     from gguf import GGUFReader, dequantize
-    from transformers import LlamaConfig
 
     reader = GGUFReader(path)
-
-    def field(key: str):
-        return reader.fields[key].contents()
-
-    if field("general.architecture") != "llama":
-        raise BackendError(f"{path} holds a {field('general.architecture')!r} model; only llama GGUF files convert here")
-    heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
+    config = gguf_llama_config(reader, path)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     state_dict = {}
     for tensor in reader.tensors:
         weights = dequantize(tensor.data, tensor.tensor_type)
@@ -128,6 +122,19 @@ def read_gguf_llama(path: Path):
         else:
             name = f"{GGUF_NAMES[first]}.weight"
         state_dict[name] = torch.from_numpy(np.array(weights, dtype=np.float32))
+    return config, state_dict
+
+
+def gguf_llama_config(reader, path: Path):
+    """The ``LlamaConfig`` a llama GGUF's header describes (no tensor is read)."""
+    from transformers import LlamaConfig
+
+    def field(key: str):
+        return reader.fields[key].contents()
+
+    if field("general.architecture") != "llama":
+        raise BackendError(f"{path} holds a {field('general.architecture')!r} model; only llama GGUF files convert here")
+    heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
     token = {key: field(f"tokenizer.ggml.{key}_token_id") for key in ("bos", "eos", "padding", "unknown")}
     config = LlamaConfig(
         vocab_size=field("llama.vocab_size"),
@@ -140,14 +147,14 @@ def read_gguf_llama(path: Path):
         max_position_embeddings=field("llama.context_length"),
         rms_norm_eps=field("llama.attention.layer_norm_rms_epsilon"),
         rope_parameters={"rope_theta": field("llama.rope.freq_base"), "rope_type": "default"},
-        tie_word_embeddings="lm_head.weight" not in state_dict,
+        tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
         bos_token_id=token["bos"],
         eos_token_id=token["eos"],
         pad_token_id=token["padding"],
         unk_token_id=token["unknown"],
         dtype="float32",
     )
-    return config, state_dict
+    return config
 
 
 def unpermute_rotary(weights, heads: int):

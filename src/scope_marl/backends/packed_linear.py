@@ -93,10 +93,7 @@ class PackedWeights:
         row bucket, unless this machine has a stored choice for them (same CPU, torch, threads and
         shapes): then that choice is used."""
         weights = [w.detach() for w in weights if w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2]
-        key = (
-            f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
-            + hashlib.sha1(repr([tuple(w.shape) for w in weights]).encode()).hexdigest()[:16]
-        )
+        key = choice_key([tuple(w.shape) for w in weights], torch.get_num_threads())
         if key not in _MEASURED:
             _MEASURED[key] = _stored_choice(key, weights)
         self.faster = _MEASURED[key]
@@ -184,6 +181,23 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` on a packed weight (what the mode runs and what calibration times)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def choice_key(shapes: Iterable[tuple], threads: int) -> str:
+    """What a stored choice is filed under: this CPU, torch's version, the thread count and the weights' shapes."""
+    return (
+        f"{cpu_model()} | torch {torch.__version__} | {threads} threads | "
+        + hashlib.sha1(repr([tuple(s) for s in shapes]).encode()).hexdigest()[:16]
+    )
+
+
+def stored_choice(shapes: Iterable[tuple], threads: int) -> tuple[bool, ...] | None:
+    """The choice this machine stored for linear weights of ``shapes`` (read only), or None when none is stored."""
+    try:
+        found = json.loads((scope_cache_dir() / CHOICES_FILE).read_text()).get(choice_key(shapes, threads))
+    except (OSError, ValueError):
+        return None
+    return tuple(bool(v) for v in found) if isinstance(found, list) else None
 
 
 def _stored_choice(key: str, weights: list[torch.Tensor]) -> tuple[bool, ...]:
