@@ -142,3 +142,18 @@ def test_gradient_checkpointing_gives_the_same_log_probs_and_gradients(make_tiny
     assert torch.allclose(logp_a, logp_b, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(grads_a, grads_b))
     assert any(g.abs().sum() > 0 for g in grads_a)
+
+
+@no_gpu
+def test_scope_generate_takes_device_and_dtype_and_refuses_what_this_machine_lacks():
+    from typer.testing import CliRunner
+
+    from scope_marl.cli import app
+
+    runner = CliRunner()
+    ok = runner.invoke(app, ["generate", "-p", "hi", "--model", "scripted:hello", "--device", "cpu", "--dtype", "bfloat16"])
+    assert ok.exit_code == 0 and "hello" in ok.output
+    no_gpu_here = runner.invoke(app, ["generate", "-p", "hi", "--model", "scripted:hello", "--device", "cuda"])
+    assert no_gpu_here.exit_code != 0 and "sees no CUDA GPU" in no_gpu_here.output and "Traceback" not in no_gpu_here.output
+    typo = runner.invoke(app, ["generate", "-p", "hi", "--model", "scripted:hello", "--device", "gpu"])
+    assert typo.exit_code != 0 and "device" in typo.output and "Traceback" not in typo.output

@@ -316,3 +316,22 @@ def test_errors_are_a_few_lines_without_a_traceback(tmp_path, tiny_model_dir):
         assert result.exit_code == 2, result.output
         assert message in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) <= 12
+
+
+def test_a_colocated_vllm_server_gets_what_the_planned_learner_leaves(tmp_path):
+    """scope serve vllm --colocate CONFIG: the GPU share is (capacity - the learner's plan - 1 GiB headroom) /
+    capacity, passed to vLLM as --gpu-memory-utilization; a learner that leaves less than a tenth is refused."""
+    from pathlib import Path
+
+    from scope_marl.backends import vllm_server as vs
+    from scope_marl.config import TrainConfig
+    from scope_marl.training.plan import GIB, PlanError, plan_run, sampler_share
+
+    cfg = TrainConfig.model_validate({"model": "embedded", "hardware": {"device": "auto"}})
+    plan = plan_run(cfg, gpus=1, gpu_memory_gib=80)
+    share = sampler_share(cfg, gpu_memory_gib=80)
+    assert share == pytest.approx((80 * GIB - plan.total - GIB) / (80 * GIB), abs=1e-3) and 0.5 < share < 0.99
+    command = vs.server_command(Path("python"), Path("w"), "m", "127.0.0.1", 8001, "cuda", 16, 4, 2048, share)
+    assert command[command.index("--gpu-memory-utilization") + 1] == f"{share:g}"
+    with pytest.raises(PlanError, match="leaving a colocated vLLM server"):
+        sampler_share(cfg, gpu_memory_gib=plan.total / GIB + 0.5)

