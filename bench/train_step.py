@@ -20,27 +20,20 @@ from __future__ import annotations
 import argparse
 import re
 import resource
-import tempfile
 import time
 
 import torch
+from _trl_grpo import BETA, EPS_HIGH, EPS_LOW, LORA, LR, grpo_episodes, trl_grpo
 
 from scope_marl.backends.embedded import converted_model_dir, load_embedded
 from scope_marl.config import LearnerConfig
 from scope_marl.core.machine import gemm_gflops
-from scope_marl.core.types import Episode, Message, RoleStream, SamplingParams
+from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import AGENT
 from scope_marl.envs.p4g.env import PersuasionForGood
 from scope_marl.training.learner import Learner
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 8, 4, 48
-LORA = {
-    "r": 16,
-    "lora_alpha": 32,
-    "lora_dropout": 0.0,
-    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-}
-LR, BETA, EPS_LOW, EPS_HIGH = 1e-5, 0.01, 0.2, 0.28
 AMOUNT = re.compile(r"\$\s?\d|\d+\s*(?:dollars?|cents?)", re.IGNORECASE)
 
 
@@ -67,32 +60,10 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
         t0 = time.perf_counter()
         outs = chat.generate_ids(prompt_ids, sampling.model_copy(update={"seed": step}), adapters=["agent"] * len(prompt_ids))
         t1 = time.perf_counter()
-        episodes = []
-        for i, out in enumerate(outs):
-            n = len(out.token_ids)
-            r = reward(out.text)
-            stream = RoleStream(
-                role=AGENT,
-                prompt_ids=out.prompt_ids,
-                response_ids=out.token_ids,
-                loss_mask=[1] * n,
-                logprobs=out.logprobs,
-                entropies=out.entropies,
-                adapter="agent",
-                reward=r,
-            )
-            episodes.append(
-                Episode(
-                    episode_id=f"{step}-{i}",
-                    task_id=str(i // GENERATIONS),
-                    group_id=f"{step}-{i // GENERATIONS}",
-                    simulator_id="none",
-                    streams={AGENT: stream},
-                    rewards={AGENT: r},
-                )
-            )
-            tokens += n
-            processed += n
+        episodes = grpo_episodes(outs, [reward(out.text) for out in outs], step, GENERATIONS, AGENT, "agent")
+        generated = sum(len(out.token_ids) for out in outs)
+        tokens += generated
+        processed += generated
         processed += sum(len(p) for p in {tuple(o.prompt_ids) for o in outs})  # each group's prompt runs once
         system = resource.getrusage(resource.RUSAGE_SELF).ru_stime
         learner.step(episodes)
@@ -115,77 +86,13 @@ def ours(steps: int, chats: list[list[Message]]) -> dict:
 
 
 def trl(steps: int, chats: list[list[Message]]) -> dict:
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = converted_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    rows = [[{"role": m.role, "content": m.content} for m in c] for c in chats] * steps
-    data = Dataset.from_dict({"prompt": rows})
-    generated = []
-
-    def reward_fn(completions, **kwargs):
-        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        generated.extend(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts)
-        return [reward(t) for t in texts]
-
-    class StepTimer(TrainerCallback):
-        def __init__(self):
-            self.marks = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.marks.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kw):
-            self.marks.append(time.perf_counter())
-
-    with tempfile.TemporaryDirectory() as out:
-        config = GRPOConfig(
-            output_dir=out,
-            per_device_train_batch_size=PROMPTS * GENERATIONS,
-            num_generations=GENERATIONS,
-            max_completion_length=NEW_TOKENS,
-            temperature=1.0,
-            learning_rate=LR,
-            beta=BETA,
-            loss_type="grpo",
-            epsilon=EPS_LOW,
-            epsilon_high=EPS_HIGH,
-            scale_rewards="none",
-            bf16=False,
-            fp16=False,
-            use_cpu=True,
-            gradient_checkpointing=False,
-            max_steps=steps,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            num_iterations=1,
-            seed=0,
-        )
-        timer = StepTimer()
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=[reward_fn],
-            args=config,
-            train_dataset=data,
-            processing_class=tokenizer,
-            peft_config=LoraConfig(**LORA),
-            callbacks=[timer],
-        )
-        started = time.perf_counter()
-        trainer.train()
-        total = time.perf_counter() - started
-    step_times = [b - a for a, b in zip(timer.marks[::2], timer.marks[1::2])]
-    return {
-        "step_s": total / steps,
-        "callback_step_s": sum(step_times) / max(len(step_times), 1),
-        "tok_s": sum(generated) / total,
-        "tokens": sum(generated) / steps,
-    }
+    rows = [[{"role": m.role, "content": m.content} for m in c] for c in chats]
+    return trl_grpo(model, tokenizer, rows, lambda text, ids: reward(text), steps=steps, generations=GENERATIONS, new_tokens=NEW_TOKENS)
 
 
 def main() -> None:
