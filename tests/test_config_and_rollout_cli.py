@@ -38,10 +38,12 @@ def test_shipped_configs_load():
     for path in rollout:
         assert isinstance(load_config(path), RolloutRunConfig)
     arms = {load_config(path, TrainConfig).simulator.mode for path in train}
-    twins = sorted(p for p in (root / "gpu").glob("train_*.yaml") if not p.name.endswith("_vllm.yaml"))
+    twins = sorted(p for p in (root / "gpu").glob("train_*.yaml") if not p.name.endswith(("_vllm.yaml", "_gpu.yaml")))
     assert [p.name for p in twins] == [p.name for p in train if p.name.startswith("train_tau2_")]
     for path in twins:
         assert load_config(path, TrainConfig).executor == "ray"
+    on_gpu = load_config(root / "gpu" / "train_p4g_cotrain_gpu.yaml", TrainConfig)  # bench/gpu_check.sh's run, README's GPU command
+    assert on_gpu.hardware.device == "auto" and on_gpu.sampler is None and on_gpu.simulator.mode == "trainable"
     on_vllm = load_config(root / "gpu" / "train_p4g_cotrain_vllm.yaml", TrainConfig)  # bench/gpu_run.sh's run
     assert (
         on_vllm.sampler.startswith("vllm:embedded@") and on_vllm.learner.old_logprobs == on_vllm.simulator_learner.old_logprobs == "learner"

@@ -18,10 +18,13 @@ import time
 from collections import defaultdict, deque
 from urllib.parse import parse_qs, quote
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
-from sse_starlette.sse import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+    from sse_starlette.sse import EventSourceResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as err:
+    raise ImportError(f"the study web app needs the study extra ({err.name} is missing): pip install 'scope-marl[study]'") from err
 
 from scope_marl.config.study import StudyConfig
 from scope_marl.envs.p4g.donation import PAYMENT, parse_donation
