@@ -101,6 +101,17 @@ def three_runs(models: dict[str, str]) -> dict[str, dict]:
     }
 
 
+# The run is started by a small Python process, not by pytest: a child's ru_maxrss counts the memory of the
+# process it was forked from until it execs (pytest's own gigabytes late in a full suite).
+MEASURE = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(child.pid, 0)
+print("MEASURED", usage.ru_maxrss, usage.ru_utime + usage.ru_stime, flush=True)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def test_plans_match_the_measured_peak_rss_of_three_cpu_training_runs(models, tmp_path, capsys):
     """Each config planned, then trained for one step by ``scope train`` in its own process (the three at
     once); the plan's total is within 15% of the run's peak resident set (``wait4``'s ru_maxrss)."""
@@ -112,18 +123,17 @@ def test_plans_match_the_measured_peak_rss_of_three_cpu_training_runs(models, tm
     for name, cfg in configs.items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        command = [sys.executable, "-m", "scope_marl.cli", "train", str(path), "--out", str(tmp_path / name)]
+        command = [sys.executable, "-c", MEASURE, sys.executable, "-m", "scope_marl.cli", "train", str(path), "--out", str(tmp_path / name)]
         children[name] = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
         )
     measured, cpu_seconds = {}, 0.0
     for name, child in children.items():
-        _, status, usage = os.wait4(child.pid, 0)
-        output = child.stdout.read().decode(errors="replace")
-        assert os.waitstatus_to_exitcode(status) == 0, f"{name}: scope train failed:\n{output}"
-        measured[name] = usage.ru_maxrss * 1024 / planner.GIB
-        cpu_seconds += usage.ru_utime + usage.ru_stime
-        child.returncode = 0
+        output = child.communicate()[0].decode(errors="replace")
+        assert child.returncode == 0, f"{name}: scope train failed:\n{output}"
+        maxrss_kib, cpu = output.rsplit("MEASURED ", 1)[1].split()
+        measured[name] = int(maxrss_kib) * 1024 / planner.GIB
+        cpu_seconds += float(cpu)
     seconds = time.perf_counter() - started
     lines = []
     for name, plan in planned.items():
