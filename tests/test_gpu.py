@@ -7,10 +7,11 @@ import copy
 
 import pytest
 import torch
+from test_placement import sampled_episodes
 
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config import LearnerConfig, TrainConfig
-from scope_marl.core.types import Episode, EpisodeStatus, RoleStream, SamplingParams
+from scope_marl.core.types import SamplingParams
 from scope_marl.envs import AGENT
 from scope_marl.training.learner import Learner
 
@@ -20,33 +21,6 @@ pytestmark = [
 ]
 
 
-def episodes_from(chat: HFChatModel, adapter: str | None, n: int = 8) -> list[Episode]:
-    prompt = chat.encode_text("Would you give a dollar to a children's charity?")
-    gens = chat.generate_ids([prompt] * n, SamplingParams(temperature=1.0, max_new_tokens=16), adapters=[adapter] * n, seeds=list(range(n)))
-    out = []
-    for i, g in enumerate(gens):
-        s = RoleStream(
-            role=AGENT,
-            prompt_ids=prompt,
-            response_ids=g.token_ids,
-            loss_mask=[1] * len(g.token_ids),
-            logprobs=g.logprobs,
-            entropies=g.entropies,
-            reward=float(i % 2),
-        )
-        out.append(
-            Episode(
-                episode_id=f"e/{i}",
-                task_id="t",
-                group_id=f"g{i // 4}",
-                simulator_id="s",
-                status=EpisodeStatus.COMPLETED,
-                streams={AGENT: s},
-            )
-        )
-    return out
-
-
 def test_bf16_lora_step_on_the_gpu(make_tiny_model, tokenizer):
     from peft import LoraConfig
 
@@ -54,7 +28,7 @@ def test_bf16_lora_step_on_the_gpu(make_tiny_model, tokenizer):
     chat.add_adapter("agent", LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"]))
     lora = {n: p.detach().clone() for n, p in chat.model.named_parameters() if "lora_" in n}
     assert all(p.dtype == torch.float32 and p.device.type == "cuda" for p in lora.values())
-    episodes = episodes_from(chat, "agent")
+    episodes = sampled_episodes(chat, "agent", 8)
     metrics = Learner(chat, AGENT, "agent", 1.0, LearnerConfig(lr=1e-2, kl_coef=0.01)).step(episodes)
     assert metrics["episodes"] == 8 and metrics["logprob_gap"] < 0.1
     moved = [n for n, p in chat.model.named_parameters() if "lora_" in n and not torch.equal(p, lora[n])]
@@ -95,7 +69,7 @@ def test_fsdp2_on_one_rank_gives_the_unsharded_gradient(make_tiny_model, tokeniz
     from scope_marl.training import sharding
 
     model = make_tiny_model().to("cuda")
-    streams = [e.streams[AGENT] for e in episodes_from(HFChatModel(copy.deepcopy(model), tokenizer), None, 4)]
+    streams = [e.streams[AGENT] for e in sampled_episodes(HFChatModel(copy.deepcopy(model), tokenizer), None, 4)]
     grads = []
     for shard in (False, True):
         chat = HFChatModel(copy.deepcopy(model), tokenizer)

@@ -14,7 +14,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.placement import CPU, Placement, resolve_placement
 from scope_marl.backends.sampling import sample_next
 from scope_marl.config import ConfigError, HardwareSettings, LearnerConfig, TrainConfig, validate
-from scope_marl.core.types import RoleStream, SamplingParams
+from scope_marl.core.types import Episode, EpisodeStatus, RoleStream, SamplingParams
 from scope_marl.envs import AGENT
 from scope_marl.training.learner import Learner
 
@@ -24,6 +24,32 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messag
 def stream(prompt, response) -> RoleStream:
     n = len(response)
     return RoleStream(role=AGENT, prompt_ids=prompt, response_ids=response, loss_mask=[1] * n, logprobs=[0.0] * n, entropies=[0.0] * n)
+
+
+def sampled_episodes(chat: HFChatModel, adapter: str | None, n: int, max_new_tokens: int = 16) -> list[Episode]:
+    """``n`` replies sampled from one prompt (seeded), as completed agent episodes in groups of 4, rewards 0 / 1 alternating."""
+    prompt = chat.encode_text("Would you give a dollar to a children's charity?")
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    generations = chat.generate_ids([prompt] * n, sampling, adapters=[adapter] * n, seeds=list(range(n)))
+    episodes = []
+    for i, g in enumerate(generations):
+        streams = {
+            AGENT: RoleStream(
+                role=AGENT,
+                prompt_ids=prompt,
+                response_ids=g.token_ids,
+                loss_mask=[1] * len(g.token_ids),
+                logprobs=g.logprobs,
+                entropies=g.entropies,
+                reward=float(i % 2),
+            )
+        }
+        episodes.append(
+            Episode(
+                episode_id=f"e/{i}", task_id="t", group_id=f"g{i // 4}", simulator_id="s", status=EpisodeStatus.COMPLETED, streams=streams
+            )
+        )
+    return episodes
 
 
 def lora_chat(model, tokenizer, name: str = "agent") -> HFChatModel:
@@ -58,32 +84,13 @@ def test_a_model_directory_loads_in_the_placements_dtype(tiny_model_dir):
 def test_bfloat16_base_keeps_float32_adapters_optimizer_state_and_log_probs(make_tiny_model, tokenizer):
     """A bf16 base: the LoRA adapter (master weights) and AdamW's state are float32, decoding keeps its KV
     cache in bf16, log-probs are float32, and the learner re-scores the sampled tokens within bf16's error."""
-    from scope_marl.core.types import Episode, EpisodeStatus
-
     chat = lora_chat(make_tiny_model(eot_bias=9.5).to(torch.bfloat16), tokenizer)
     lora = [p for n, p in chat.model.named_parameters() if "lora_" in n]
     assert lora and all(p.dtype == torch.float32 for p in lora)
     assert chat.dtype == torch.bfloat16
     session = chat.open_session(SamplingParams(temperature=1.0, max_new_tokens=8))
     assert session.cache.dtype == torch.bfloat16
-    prompt = chat.encode_text("Hello there")
-    generations = chat.generate_ids(
-        [prompt] * 4, SamplingParams(temperature=1.0, max_new_tokens=8), adapters=["agent"] * 4, seeds=[1, 2, 3, 4]
-    )
-    episodes = []
-    for i, g in enumerate(generations):
-        s = RoleStream(
-            role=AGENT,
-            prompt_ids=prompt,
-            response_ids=g.token_ids,
-            loss_mask=[1] * len(g.token_ids),
-            logprobs=g.logprobs,
-            entropies=g.entropies,
-            reward=float(i % 2),
-        )
-        episodes.append(
-            Episode(episode_id=f"e/{i}", task_id="t", group_id="g", simulator_id="s", status=EpisodeStatus.COMPLETED, streams={AGENT: s})
-        )
+    episodes = sampled_episodes(chat, "agent", 4, max_new_tokens=8)
     learner = Learner(chat, AGENT, "agent", 1.0, LearnerConfig(lr=1e-3, kl_coef=0.01))
     with torch.no_grad():
         logp, entropy, mask = learner.score([e.streams[AGENT] for e in episodes])
