@@ -5,6 +5,7 @@ with a trainable partner."""
 from __future__ import annotations
 
 import filecmp
+import gzip
 import json
 import re
 import subprocess
@@ -25,7 +26,7 @@ from scope_marl.core.types import TOOL, EpisodeStatus, SamplingParams, ToolCall
 from scope_marl.envs.base import AGENT, USER, role_view
 from scope_marl.envs.coop import DONE, Coop, Limits, PatchError, Scorer, TaskError, load_task, load_tasks, run_sandboxed
 from scope_marl.envs.coop.git import apply, clone, filter_test_files, init_base
-from scope_marl.envs.coop.tasks import DATA_DIR
+from scope_marl.envs.coop.tasks import ARCHIVE, builtin_tasks_dir
 from scope_marl.rollout import RolloutEngine
 from scope_marl.simulators import FrozenSimulator
 
@@ -45,9 +46,16 @@ def scorer():
 # ---- the generated tasks ---------------------------------------------------------------------------------
 
 
-def test_the_generator_reproduces_the_committed_tasks_byte_for_byte(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_coop_tasks.py"), "--out", str(tmp_path / "data")], check=True)
-    cmp = filecmp.dircmp(DATA_DIR, tmp_path / "data")
+def test_the_generator_reproduces_the_shipped_tasks_byte_for_byte(tmp_path):
+    """The package's archive is what scripts/generate_coop_tasks.py builds from data/coop/, and its
+    extracted folder is the built tree, file for file."""
+    script = ROOT / "scripts" / "generate_coop_tasks.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "data"), "--archive", str(tmp_path / "tasks.tar.gz")], check=True)
+    assert gzip.decompress((tmp_path / "tasks.tar.gz").read_bytes()) == gzip.decompress(ARCHIVE.read_bytes()), (
+        "src/scope_marl/envs/coop/tasks.tar.gz is not what data/coop builds: python scripts/generate_coop_tasks.py"
+    )
+    shipped = builtin_tasks_dir()
+    cmp = filecmp.dircmp(shipped, tmp_path / "data")
 
     def differences(c):
         out = c.left_only + c.right_only + c.diff_files + c.funny_files
@@ -56,7 +64,30 @@ def test_the_generator_reproduces_the_committed_tasks_byte_for_byte(tmp_path):
         return out
 
     assert differences(cmp) == []
-    assert not list(DATA_DIR.rglob(".git")), "task trees are stored without a nested .git"
+    assert not list(shipped.rglob(".git")), "task trees are stored without a nested .git"
+    check = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_built_in_tasks_are_extracted_once_whole_and_reused(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("SCOPE_CACHE", str(tmp_path))
+    cache = tmp_path / "coop-tasks"
+    cache.mkdir()
+    (cache / ".0123456789abcdef.crashed.tmp").mkdir()  # what a crashed extraction leaves: never read
+    with ThreadPoolExecutor(4) as pool:  # extractions at once: one folder wins, the others are dropped
+        folders = set(pool.map(lambda _: builtin_tasks_dir(), range(4)))
+    assert len(folders) == 1
+    folder = folders.pop()
+    assert folder.parent == cache and sorted(p.name for p in cache.iterdir()) == [".0123456789abcdef.crashed.tmp", folder.name]
+    assert (folder / "textstats_task" / "task1" / "runner.sh").stat().st_mode & 0o777 == 0o755
+    assert (folder / "textstats_task" / "task1" / "repo" / "textstats" / "core.py").stat().st_mode & 0o777 == 0o644
+    marker = folder / "textstats_task" / "marker"
+    marker.write_text("kept")
+    assert builtin_tasks_dir() == folder and marker.read_text() == "kept"  # a second load reuses the folder
+    marker.unlink()
+    assert len(load_tasks()) == 12 and all(t.folder.is_relative_to(folder) for t in load_tasks())
 
 
 def test_tasks_pairs_and_splits_by_repository(tasks):

@@ -90,7 +90,13 @@ def atomic_directory(target: str | os.PathLike, if_exists: str = "replace") -> I
             return
         if target.exists():
             shutil.rmtree(target)
-        os.rename(tmp, target)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if if_exists == "keep" and target.exists():  # another process renamed its copy in first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

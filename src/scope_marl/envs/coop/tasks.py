@@ -7,21 +7,30 @@ built-in tasks) or any local path given to :func:`load_task` (a real CooperBench
 repository is the upstream project at the task's fixed commit). Other files are ignored, as
 CooperBench's own folders hold extras (``resolution_patches/``, ``feature.filtered.patch``).
 
-The built-in tasks (``data/``, written by ``scripts/generate_coop_tasks.py``) add, per feature,
-``visible.patch`` (tests a seat may run) and ``naive.patch`` (the feature written without regard to
-the partner), and per task ``coop.json``: the repository's split and the pairs whose naive patches
-conflict under a plain merge. Their splits are by repository and checked disjoint.
+The built-in tasks add, per feature, ``visible.patch`` (tests a seat may run) and ``naive.patch``
+(the feature written without regard to the partner), and per task ``coop.json``: the repository's
+split and the pairs whose naive patches conflict under a plain merge. Their splits are by repository
+and checked disjoint. Their source is ``data/coop/`` in the repository (ordinary files);
+``scripts/generate_coop_tasks.py`` builds them into one archive the package ships,
+``tasks.tar.gz`` beside this module, which :func:`builtin_tasks_dir` extracts once per archive
+version into the machine's cache (``$SCOPE_CACHE/coop-tasks/<archive hash>/``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
+import os
 import re
+import shutil
+import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA_DIR = Path(__file__).with_name("data")
+ARCHIVE = Path(__file__).with_name("tasks.tar.gz")  # the built-in tasks, written by scripts/generate_coop_tasks.py
 SPLITS = ("train", "validation", "test")
 
 
@@ -59,6 +68,44 @@ class CoopTask:
         if number not in self.features:
             raise TaskError(f"{self.name} has no feature {number}; it has {', '.join(map(str, sorted(self.features)))}")
         return self.features[number]
+
+
+def builtin_tasks_dir() -> Path:
+    """The built-in tasks as a folder of ``{repo}_task/task1/``: the package's archive extracted into
+    ``$SCOPE_CACHE/coop-tasks/<its hash>/`` on first use, then reused.
+
+    The folder appears whole or not at all: the archive is extracted into a temporary sibling, its
+    files flushed to disk, then renamed into place. Of processes extracting at once, the first rename
+    wins and the others drop their copies; a crash leaves only a temporary folder, never a half one.
+    (Done here, neither with :func:`scope_marl.core.files.atomic_directory` nor with
+    :func:`scope_marl.core.machine.scope_cache_dir`, whose rule it repeats: environments import only the
+    core types, docs/architecture.md.)
+    """
+    data = ARCHIVE.read_bytes()
+    cache = Path(os.environ.get("SCOPE_CACHE") or Path.home() / ".cache" / "scope_marl")
+    target = cache / "coop-tasks" / hashlib.sha256(data).hexdigest()[:16]
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        for dirpath, _dirnames, filenames in os.walk(tmp):
+            for name in [*filenames, "."]:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():  # not another process that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _read(path: Path) -> str:
@@ -106,7 +153,7 @@ def load_task(folder: str | Path, repo: str | Path | None = None) -> CoopTask:
 def load_tasks(root: str | Path | None = None) -> list[CoopTask]:
     """Every ``*_task/task*/`` folder under ``root`` (default: the built-in tasks), sorted by name;
     the splits are checked disjoint by repository."""
-    root = Path(root) if root is not None else DATA_DIR
+    root = Path(root) if root is not None else builtin_tasks_dir()
     folders = sorted(p for p in root.glob("*_task/task*") if p.is_dir())
     if not folders:
         raise TaskError(f"no task folders ({{repo}}_task/task{{id}}/) under {root}")

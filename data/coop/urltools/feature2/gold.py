@@ -1,0 +1,3 @@
+def strip_fragment(url):
+    """url without its #fragment."""
+    return url.split("#", 1)[0]
