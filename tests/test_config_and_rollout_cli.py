@@ -112,6 +112,41 @@ def test_learner_sections_are_typed_so_their_typos_fail_when_the_config_loads(tm
         load_config(write(tmp_path, "learner: {aggregation: mean}\n"), TrainConfig)
 
 
+@pytest.mark.parametrize(
+    ("learner", "fix"),
+    [
+        ("{constant_groups: batch}", "replace `constant_groups: batch` with `baseline: group_else_batch`"),
+        ("{constant_groups: batch, baseline: batch}", "remove `constant_groups: batch`: `baseline: batch` already"),
+        ("{constant_groups: zero, lr: 0.001}", "remove `constant_groups: zero`"),
+        ("{constant_groups: sometimes}", "`constant_groups: batch` is now `baseline: group_else_batch`"),
+    ],
+)
+def test_constant_groups_was_folded_into_baseline_and_an_old_config_says_so(tmp_path, learner, fix):
+    from scope_marl.config import LearnerConfig, TrainConfig
+
+    for section in ("learner", "simulator_learner"):
+        with pytest.raises(ConfigError) as info:
+            load_config(write(tmp_path, f"{section}: {learner}\n"), TrainConfig)
+        message = str(info.value)
+        assert f"{section}.constant_groups: constant_groups was removed: folded into `baseline`; {fix}" in message, message
+        assert "(got" not in message  # the section is not dumped back
+    with pytest.raises(ValueError, match="constant_groups was removed"):
+        LearnerConfig(constant_groups="batch")
+    assert "constant_groups" not in LearnerConfig.model_fields
+    assert LearnerConfig(baseline="group_else_batch").baseline == "group_else_batch"
+    with pytest.raises(ConfigError, match=r"learner\.baseline: Input should be 'group', 'batch' or 'group_else_batch'"):
+        load_config(write(tmp_path, "learner: {baseline: constant}\n"), TrainConfig)
+
+
+def test_a_section_without_its_kind_lists_the_kinds(tmp_path):
+    with pytest.raises(ConfigError, match=r"env\.name: missing; set name to one of: say_the_word, p4g, tau2, coop"):
+        load_config(write(tmp_path, "env: {num_tasks: 2}\n"))
+    with pytest.raises(ConfigError, match=r"simulator\.mode: missing; set mode to one of: frozen, persona_guided, vs, trainable, pool"):
+        load_config(write(tmp_path, "simulator: {model: embedded}\n"))
+    with pytest.raises(ConfigError, match=r"env\.name: Input tag 'nope' .* expected tags: 'say_the_word', 'p4g', 'tau2', 'coop'"):
+        load_config(write(tmp_path, "env: {name: nope}\n"))
+
+
 def test_rollout_cli_reports_config_errors_without_traceback(tmp_path):
     result = runner.invoke(app, ["rollout", str(write(tmp_path, "split: dev\n")), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2

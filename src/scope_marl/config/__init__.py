@@ -5,10 +5,10 @@ the schemas of each section. Everything is re-exported here, so ``from scope_mar
 TrainConfig`` is the usual import.
 """
 
-from scope_marl.config.env import CoopConfig, EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
+from scope_marl.config.env import ENV_CONFIGS, CoopConfig, EnvConfig, P4GConfig, SayTheWordConfig, Split, Tau2Config
 from scope_marl.config.hardware import HardwareSettings
-from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, validate
-from scope_marl.config.rollout import AgentConfig, RaySettings, RolloutConfig, RolloutRunConfig
+from scope_marl.config.loading import ConfigError, Section, dump_config, explain, load_config, load_named, load_saved_config, validate
+from scope_marl.config.rollout import AgentConfig, ExecutorSettings, RaySettings, RolloutConfig, RolloutRunConfig
 from scope_marl.config.sft import SFTConfig
 from scope_marl.config.simulator import (
     SIMULATOR_CONFIGS,
@@ -24,16 +24,19 @@ from scope_marl.config.simulator import (
     default_sampling,
     parse_simulator_spec,
 )
-from scope_marl.config.train import Aggregation, EvalSettings, LearnerConfig, LoraSettings, PoolSettings, TrainConfig
+from scope_marl.config.train import Aggregation, Baseline, EvalSettings, LearnerConfig, LoraSettings, PoolSettings, TrainConfig
 
 __all__ = [
+    "ENV_CONFIGS",
     "SIMULATOR_CONFIGS",
     "AgentConfig",
     "Aggregation",
+    "Baseline",
     "ConfigError",
     "CoopConfig",
     "EnvConfig",
     "EvalSettings",
+    "ExecutorSettings",
     "FrozenSimulatorConfig",
     "HardwareSettings",
     "LLMSimulatorFields",
@@ -62,6 +65,7 @@ __all__ = [
     "explain",
     "load_config",
     "load_named",
+    "load_saved_config",
     "parse_simulator_spec",
     "validate",
 ]

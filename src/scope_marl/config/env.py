@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -80,3 +81,10 @@ class CoopConfig(Section):
 
 
 EnvConfig = Annotated[SayTheWordConfig | P4GConfig | Tau2Config | CoopConfig, Field(discriminator="name")]
+"""An ``env`` section: one member per environment, told apart by ``name``. Adding an environment: its
+section here (a ``name: Literal["..."]`` field) in this union, and its builder registered with
+``@register_env(TheConfig)`` in ``scope_marl/assembly.py`` (see docs/architecture.md, Registries)."""
+ENV_CONFIGS: dict[str, type[Section]] = {
+    c.model_fields["name"].annotation.__args__[0]: c for c in typing.get_args(typing.get_args(EnvConfig)[0])
+}
+"""Each environment's section schema by its ``name``."""

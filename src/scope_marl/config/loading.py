@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
 
 from scope_marl.core import files
 
@@ -24,6 +25,13 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def removed_field(name: str, fix: str) -> PydanticCustomError:
+    """The error a section's ``model_validator(mode="before")`` raises for a field that was removed or
+    renamed: the explainer shows it at ``section.name`` with ``fix`` (the replacement), e.g.
+    ``learner.constant_groups: constant_groups was removed: folded into `baseline`; ...``."""
+    return PydanticCustomError("removed_field", "{field} was removed: {fix}", {"field": name, "fix": fix})
 
 
 def read_yaml(path: str | os.PathLike) -> object:
@@ -73,6 +81,16 @@ def load_config(
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
     return validate({**(defaults or {}), **data}, schema, str(path), fixes)
+
+
+def load_saved_config(path: str | os.PathLike, schema: type[BaseModel]) -> BaseModel:
+    """The config a run saved beside itself (``RUN_DIR/config.yaml``), written by this or an older release:
+    settings renamed since are read with their old meaning (the schema's ``upgrade_saved``, if it has one)."""
+    data = read_yaml(path)
+    upgrade = getattr(schema, "upgrade_saved", None)
+    if upgrade is not None and isinstance(data, dict):
+        data = upgrade(data)
+    return validate(data, schema, str(path))
 
 
 def resolve_named(name_or_path: str | os.PathLike, builtin_dir: Path) -> Path | None:
@@ -128,13 +146,19 @@ def explain(err: ValidationError, schema: type[BaseModel], fixes: dict[str, str]
     lines = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not _is_branch(p))
+        if e["type"] == "removed_field":  # raised by the section, about one of its keys
+            loc = (*loc, e["ctx"]["field"])
         where = field_path(loc) or "(top level)"
         message = e["msg"].removeprefix("Value error, ")  # a validator's own message says it all
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            where += "." + str(e.get("ctx", {}).get("discriminator", "")).strip("'")
+            key = str(e.get("ctx", {}).get("discriminator", "")).strip("'")
+            where += "." + key
+            tags = [t for m in _models_at(schema, loc) for t in sorted(_tags(m))] if e["type"] == "union_tag_not_found" else []
+            if tags:
+                message = f"missing; set {key} to one of: {', '.join(tags)}"
         field = next((p for p in reversed(loc) if isinstance(p, str)), None)
         fix = (fixes or {}).get(field)
-        if "input" in e and loc and e["type"] not in ("missing", "union_tag_invalid"):  # (not the whole file again)
+        if "input" in e and loc and e["type"] not in ("missing", "union_tag_invalid", "removed_field"):  # (not the whole file again)
             message += f" (got {_short(e['input'])})"
         if e["type"] == "extra_forbidden":
             allowed = _fields_at(schema, loc[:-1])
@@ -153,7 +177,13 @@ def _short(value, limit: int = 120) -> str:
 
 
 def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the nested model at ``loc`` (best effort; [] when it is not one model).
+    """Field names of the nested model at ``loc`` (best effort; [] when it is not one model)."""
+    models = _models_at(schema, loc)
+    return list(models[0].model_fields) if len(models) == 1 else []
+
+
+def _models_at(schema: type[BaseModel], loc: tuple) -> list[type[BaseModel]]:
+    """The models a nested field at ``loc`` may hold (best effort; [] when unknown): one, or a union's members.
 
     A tagged union (``env: {name: p4g}``) appears in ``loc`` as its tag, which selects the member.
     """
@@ -173,7 +203,7 @@ def _fields_at(schema: type[BaseModel], loc: tuple) -> list[str]:
         models = [a for a in (field.annotation, *_union_members(field.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
         if not models:
             return []
-    return list(models[0].model_fields) if len(models) == 1 else []
+    return models
 
 
 def _union_members(annotation) -> list:

@@ -54,6 +54,13 @@ class RaySettings(Section):
     learner_gpus: float = Field(0.0, ge=0, description="scope train: GPUs Ray gives the learner actor (it reserves no CPU)")
 
 
+class ExecutorSettings(Section):
+    """Where plays run, for a command whose config has no such section (``scope eval --ray-workers N``)."""
+
+    executor: Literal["local", "ray"] = "local"
+    ray: RaySettings = Field(default_factory=RaySettings)
+
+
 class RolloutRunConfig(Section):
     """``scope rollout``: play episodes of one environment and record them."""
 

@@ -78,8 +78,13 @@ SimulatorConfig = Annotated[
     FrozenSimulatorConfig | PersonaGuidedConfig | VerbalizedConfig | TrainableSimulatorConfig | PoolSimulatorConfig | RotationConfig,
     Field(discriminator="mode"),
 ]
+"""A ``simulator`` section: one member per mode, told apart by ``mode``. Adding a mode: its section here
+in this union (and in ``MemberConfig`` if a rotation may hold it), and its builder registered with
+``@register_simulator(TheConfig)`` in ``scope_marl/assembly.py`` (see docs/architecture.md, Registries)."""
 RotationConfig.model_rebuild()
-SIMULATOR_CONFIGS = {c.model_fields["mode"].annotation.__args__[0]: c for c in typing.get_args(typing.get_args(SimulatorConfig)[0])}
+SIMULATOR_CONFIGS: dict[str, type[Section]] = {
+    c.model_fields["mode"].annotation.__args__[0]: c for c in typing.get_args(typing.get_args(SimulatorConfig)[0])
+}
 
 
 def parse_simulator_spec(spec: str) -> SimulatorConfig:

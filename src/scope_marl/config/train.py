@@ -2,18 +2,51 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from scope_marl.config.env import EnvConfig, SayTheWordConfig, Split
 from scope_marl.config.hardware import HardwareSettings
-from scope_marl.config.loading import Section
+from scope_marl.config.loading import Section, removed_field
 from scope_marl.config.rollout import RaySettings, RolloutConfig
 from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
 from scope_marl.core.types import EpisodeStatus, SamplingParams
 
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "dr_grpo"]
+"""Loss aggregations; each is registered under its name in ``training.losses.LOSS_AGGREGATIONS``."""
+Baseline = Literal["group", "batch", "group_else_batch"]
+"""Advantage baselines; each is registered under its name in ``training.losses.ADVANTAGES``."""
+
+
+def _constant_groups_fix(section: dict) -> str:
+    """How to rewrite a learner section that still sets the removed ``constant_groups``."""
+    value = section["constant_groups"]
+    if value == "batch" and section.get("baseline", "group") == "batch":
+        return "remove `constant_groups: batch`: `baseline: batch` already compares every group with the batch"
+    if value == "batch":
+        return "replace `constant_groups: batch` with `baseline: group_else_batch` (same advantages)"
+    if value == "zero":
+        return (
+            "remove `constant_groups: zero` (the default `baseline: group` gives equal-reward groups zero advantage, as before; "
+            "a run directory's own config.yaml is read with it: scope train --resume upgrades it)"
+        )
+    return "`constant_groups: batch` is now `baseline: group_else_batch`; `constant_groups: zero` is the default: remove it"
+
+
+def upgrade_saved(data: dict) -> dict:
+    """A run's own saved config from an older release, in today's terms with the same meaning: every run
+    directory written before ``constant_groups`` was folded into ``baseline`` holds that key (its default was
+    saved too), and resuming or evaluating such a run should not fail on it. A config a user writes gets
+    the error instead (:func:`_constant_groups_fix`)."""
+    for key in ("learner", "simulator_learner"):
+        section = data.get(key)
+        if isinstance(section, dict) and "constant_groups" in section:
+            section = dict(section)
+            if section.pop("constant_groups") == "batch" and section.get("baseline", "group") == "group":
+                section["baseline"] = "group_else_batch"
+            data = {**data, key: section}
+    return data
 
 
 class LearnerConfig(Section):
@@ -27,11 +60,13 @@ class LearnerConfig(Section):
     kl_coef: float = Field(0.01, ge=0, description="k3 KL to the base model with adapters disabled")
     entropy_coef: float = Field(0.0, ge=0)
     aggregation: Aggregation = "seq_mean_token_mean"
-    normalize_std: bool = False
-    constant_groups: str = Field("zero", pattern="^(zero|batch)$", description="batch: group-level rewards get a batch baseline")
-    baseline: Literal["group", "batch"] = Field(
+    normalize_std: bool = Field(False, description="divide each group's advantages by its reward std (+ eps); baseline: batch ignores it")
+    baseline: Baseline = Field(
         "group",
-        description="group: GRPO's group mean; batch: the mean of the batch's group means (for rewards that are one number per group)",
+        description="what each reward is compared with. group: GRPO's group mean (a group whose rewards are all equal gets zero "
+        "advantage); batch: the mean of the batch's group means, for every sample (for rewards that are one number per group); "
+        "group_else_batch: the group mean, but a group whose rewards are all equal is compared with the batch's mean of group "
+        "means instead of getting zero (formerly constant_groups: batch)",
     )
     token_budget: int = Field(4096, ge=16, description="tokens per micro-batch (gradient accumulation across micro-batches)")
     epochs: int = Field(1, ge=1, description="optimizer epochs over each rollout batch")
@@ -45,6 +80,13 @@ class LearnerConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _constant_groups_was_folded_into_baseline(cls, data: object) -> object:
+        if isinstance(data, dict) and "constant_groups" in data:
+            raise removed_field("constant_groups", f"folded into `baseline`; {_constant_groups_fix(data)}")
+        return data
 
 
 class LoraSettings(Section):
@@ -78,6 +120,8 @@ class PoolSettings(Section):
 
 class TrainConfig(Section):
     """``scope train``: one experiment arm."""
+
+    upgrade_saved: ClassVar = staticmethod(upgrade_saved)
 
     model: str = Field("embedded", description="the base model every LoRA adapter sits on (a local model spec)")
     sampler: str | None = Field(

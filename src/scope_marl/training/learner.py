@@ -22,7 +22,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.config.train import LearnerConfig
 from scope_marl.core.types import Episode, RoleStream
 from scope_marl.training.data_parallel import all_ranks, all_reduce_, distributed, rank, shard_groups, world
-from scope_marl.training.losses import group_advantages, policy_loss, zero_variance_share
+from scope_marl.training.losses import get_advantage_fn, loss_agg_normalizer, policy_loss, zero_variance_share
 from scope_marl.training.sharding import checkpointed_layers, full, is_sharded, run_body
 from scope_marl.training.token_logprobs import body_and_head, check_head_decomposition, token_logprobs
 
@@ -245,15 +245,14 @@ class Learner:
         streams = [e.streams[self.role] for e in used]
         rewards = torch.tensor([s.reward for s in streams])
         groups = [e.group_id for e in used]
-        advantages = group_advantages(
-            rewards, groups, self.config.normalize_std, self.config.constant_groups, baseline=self.config.baseline
-        )
+        advantages = get_advantage_fn(self.config.baseline)(rewards, groups, self.config.normalize_std)
         # Data-parallel (torchrun): every rank holds the whole batch and trains on whole groups of it;
         # advantages and normalizers are the whole batch's and gradients are summed across ranks before
         # the optimizer step, so every rank applies the full-batch update.
         my_groups = {e.group_id for e in shard_groups(used, rank(), world())}
         mine = [i for i, e in enumerate(used) if e.group_id in my_groups]
         max_tokens = max(len(s.response_ids) for s in streams)
+        per_token = loss_agg_normalizer(self.config.aggregation) == "tokens"  # a micro-batch's loss is a mean over its tokens
         sampled = sum(s.num_sampled_tokens for s in streams)
         was_training = self.chat.model.training
         self.chat.model.eval()  # no dropout: the first update must score exactly what was sampled
@@ -310,7 +309,7 @@ class Learner:
                 # Each micro-batch's loss is its own mean; weight it by its share of the batch-level
                 # normalizer so the accumulated gradient equals the full-batch one.
                 tokens = float(mask.sum())
-                share = tokens / sampled if self.config.aggregation == "token_mean" else len(batch) / len(streams)
+                share = tokens / sampled if per_token else len(batch) / len(streams)
                 (loss * share).backward()
                 for key, value in stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + value * tokens

@@ -4,40 +4,42 @@ Notation: one rollout group g holds the episodes of one task against one simulat
 episode's reward for the role being trained; a stream's loss-masked tokens t are the tokens that
 role sampled, with rollout log-prob old_t, current log-prob new_t and reference log-prob ref_t
 (base model with adapters disabled).
+
+The variants a learner config chooses between are registered by name (verl's ``core_algos``
+pattern): advantage estimators under ``LearnerConfig.baseline`` (``@register_advantage``,
+``get_advantage_fn``) and token-loss reductions under ``LearnerConfig.aggregation``
+(``@register_loss_agg``, ``get_loss_agg_fn``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
-from scope_marl.config.train import Aggregation
+from scope_marl.config.train import Aggregation, Baseline
+from scope_marl.core.registry import Registry
+
+AdvantageFn = Callable[..., torch.Tensor]
+"""``fn(rewards [B], group_ids, normalize_std=False, eps=1e-6) -> advantages [B]`` (float32)."""
+
+ADVANTAGES: Registry[AdvantageFn] = Registry("baseline", "@register_advantage in scope_marl/training/losses.py")
+"""Advantage estimators by the name ``LearnerConfig.baseline`` gives (config.train.Baseline lists the same names)."""
 
 
-def group_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[str],
-    normalize_std: bool = False,
-    constant_groups: Literal["zero", "batch"] = "zero",
-    eps: float = 1e-6,
-    baseline: Literal["group", "batch"] = "group",
-) -> torch.Tensor:
-    """A_i = r_i - mean_{j in g(i)} r_j, optionally divided by (std_g + eps).
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register an advantage estimator under the ``baseline`` name a learner config gives."""
+    return ADVANTAGES.register(name)
 
-    ``baseline="batch"`` compares every sample with the batch instead of its group:
-    A_i = r_i - mean over the batch's groups of the group means (each task weighs the same). That is
-    the baseline for a reward that is one number per group (tau2's variance curriculum), which a
-    group baseline would cancel in every group.
 
-    The release uses no std normalization (Dr. GRPO argues it biases toward easy / hard groups).
-    A group whose rewards are all equal gives A = 0 and teaches nothing. That is right for a reward
-    that merely happened to tie, but a *group-level* reward (tau2's curriculum reward is a function
-    of the group's own variance) is constant in every group, so GRPO would cancel it entirely. With
-    ``constant_groups="batch"`` such groups are compared with the batch instead:
-    A_i = r_i - mean over all groups of the group means.
-    """
+def get_advantage_fn(name: str) -> AdvantageFn:
+    """The advantage estimator registered as ``name``; an unknown name lists the known ones."""
+    return ADVANTAGES.get(name)
+
+
+def _group_statistics(rewards: torch.Tensor, group_ids: Sequence[str]):
+    """Rewards as float, each sample's group index, and per group: the mean and population variance (ddof 0)."""
     rewards = rewards.float()
     ids = list(group_ids)
     if len(ids) != len(rewards):
@@ -47,16 +49,67 @@ def group_advantages(
     count = torch.zeros(len(index)).index_add_(0, group, torch.ones_like(rewards))
     mean = torch.zeros(len(index)).index_add_(0, group, rewards) / count
     centered = rewards - mean[group]
-    var = torch.zeros(len(index)).index_add_(0, group, centered**2) / count  # population variance (ddof 0)
-    if baseline == "batch":
-        return rewards - mean.mean()
-    constant = var[group] <= eps**2
-    advantages = centered
+    var = torch.zeros(len(index)).index_add_(0, group, centered**2) / count
+    return rewards, group, mean, var
+
+
+@register_advantage("group")
+def group_baseline(rewards: torch.Tensor, group_ids: Sequence[str], normalize_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = r_i - mean_{j in g(i)} r_j, optionally divided by (std_g + eps) (GRPO).
+
+    The release uses no std normalization (Dr. GRPO argues it biases toward easy / hard groups).
+    A group whose rewards are all equal (std_g <= eps) gives A = 0 and teaches nothing, and is never
+    divided by its ~0 std.
+    """
+    return _within_group(*_group_statistics(rewards, group_ids), normalize_std, eps)
+
+
+def _within_group(rewards, group, mean, var, normalize_std: bool, eps: float) -> torch.Tensor:
+    advantages = rewards - mean[group]
     if normalize_std:
+        constant = var[group] <= eps**2
         advantages = torch.where(constant, advantages, advantages / (var[group].sqrt() + eps))
-    if constant_groups == "batch":
-        advantages = torch.where(constant, rewards - mean.mean(), advantages)
     return advantages
+
+
+@register_advantage("batch")
+def batch_baseline(rewards: torch.Tensor, group_ids: Sequence[str], normalize_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = r_i - (1/G) sum_g mean_{j in g} r_j: every sample against the mean of the batch's group means
+    (each task weighs the same); ``normalize_std`` does not apply.
+
+    That is the baseline for a reward that is one number per group (tau2's variance curriculum),
+    which a group baseline would cancel in every group.
+    """
+    rewards, _, mean, _ = _group_statistics(rewards, group_ids)
+    return rewards - mean.mean()
+
+
+@register_advantage("group_else_batch")
+def group_else_batch_baseline(
+    rewards: torch.Tensor, group_ids: Sequence[str], normalize_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """``group`` (optionally std-normalized), except that a group whose rewards are all equal is
+    compared with the batch: A_i = r_i - (1/G) sum_g mean_{j in g} r_j there, instead of 0.
+
+    A tie that merely happened teaches nothing under ``group``, which is right for a per-episode
+    reward; a *group-level* reward is constant in every group, and this keeps its signal while groups
+    with spread keep their own baseline. (Formerly ``constant_groups: batch``.)
+    """
+    rewards, group, mean, var = _group_statistics(rewards, group_ids)
+    constant = var[group] <= eps**2
+    return torch.where(constant, rewards - mean.mean(), _within_group(rewards, group, mean, var, normalize_std, eps))
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[str],
+    normalize_std: bool = False,
+    eps: float = 1e-6,
+    baseline: Baseline = "group",
+) -> torch.Tensor:
+    """Advantages under the registered ``baseline`` (``group``: GRPO's A_i = r_i - mean_{j in g(i)} r_j;
+    ``batch``; ``group_else_batch``); see each estimator above."""
+    return get_advantage_fn(baseline)(rewards, group_ids, normalize_std, eps)
 
 
 def zero_variance_share(rewards: torch.Tensor, group_ids: Sequence[str], eps: float = 1e-6) -> float:
@@ -93,27 +146,77 @@ def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(diff) - diff - 1.0
 
 
+LossAggFn = Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]
+"""``fn(token_loss [B, T], 0/1 mask [B, T], max_tokens) -> scalar``."""
+
+LOSS_AGGREGATIONS: Registry[LossAggFn] = Registry("aggregation", "@register_loss_agg in scope_marl/training/losses.py")
+"""Token-loss reductions by the name ``LearnerConfig.aggregation`` gives (config.train.Aggregation lists the same names)."""
+
+
+_NORMALIZERS: dict[str, Literal["sequences", "tokens"]] = {}
+
+
+def register_loss_agg(name: str, normalizer: Literal["sequences", "tokens"] = "sequences") -> Callable[[LossAggFn], LossAggFn]:
+    """Decorator: register a reduction of per-token losses under the ``aggregation`` name a learner config gives.
+
+    ``normalizer`` says what a micro-batch's loss is a mean over, so the learner weighs micro-batches
+    to the full batch's loss: ``sequences`` (its share of the batch's streams) or ``tokens`` (its share
+    of the batch's sampled tokens).
+    """
+
+    def decorate(fn: LossAggFn) -> LossAggFn:
+        LOSS_AGGREGATIONS.add(name, fn)
+        _NORMALIZERS[name] = normalizer
+        return fn
+
+    return decorate
+
+
+def get_loss_agg_fn(name: str) -> LossAggFn:
+    """The loss aggregation registered as ``name``; an unknown name lists the known ones."""
+    return LOSS_AGGREGATIONS.get(name)
+
+
+def loss_agg_normalizer(name: str) -> Literal["sequences", "tokens"]:
+    """What the registered aggregation ``name`` averages a micro-batch over: ``sequences`` or ``tokens``."""
+    get_loss_agg_fn(name)
+    return _NORMALIZERS[name]
+
+
+@register_loss_agg("seq_mean_token_mean")
+def seq_mean_token_mean(token_loss: torch.Tensor, mask: torch.Tensor, max_tokens: int | None = None) -> torch.Tensor:
+    """(1/B) sum_i (1/|o_i|) sum_t L_it (GRPO as published)."""
+    mask = mask.to(token_loss.dtype)
+    per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return per_seq.mean()
+
+
+@register_loss_agg("token_mean", normalizer="tokens")
+def token_mean(token_loss: torch.Tensor, mask: torch.Tensor, max_tokens: int | None = None) -> torch.Tensor:
+    """sum_i sum_t L_it / sum_i |o_i| (DAPO: long answers weigh more)."""
+    mask = mask.to(token_loss.dtype)
+    return (token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@register_loss_agg("dr_grpo")
+def dr_grpo(token_loss: torch.Tensor, mask: torch.Tensor, max_tokens: int | None = None) -> torch.Tensor:
+    """sum_i sum_t L_it / (B * max_tokens) (Dr. GRPO: a constant normalizer, no length bias)."""
+    mask = mask.to(token_loss.dtype)
+    if not max_tokens:
+        raise ValueError("dr_grpo aggregation needs max_tokens (the constant normalizer)")
+    return (token_loss * mask).sum() / (token_loss.shape[0] * max_tokens)
+
+
 def aggregate(
     token_loss: torch.Tensor, mask: torch.Tensor, how: Aggregation = "seq_mean_token_mean", max_tokens: int | None = None
 ) -> torch.Tensor:
-    """Reduce per-token losses [B, T] under a 0/1 mask to one scalar.
+    """Reduce per-token losses [B, T] under a 0/1 mask to one scalar, by the registered aggregation ``how``.
 
     seq_mean_token_mean: (1/B) sum_i (1/|o_i|) sum_t L_it        (GRPO as published)
     token_mean:          sum_i sum_t L_it / sum_i |o_i|          (DAPO: long answers weigh more)
     dr_grpo:             sum_i sum_t L_it / (B * max_tokens)     (Dr. GRPO: a constant normalizer, no length bias)
     """
-    mask = mask.to(token_loss.dtype)
-    total = (token_loss * mask).sum()
-    if how == "token_mean":
-        return total / mask.sum().clamp(min=1.0)
-    if how == "seq_mean_token_mean":
-        per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        return per_seq.mean()
-    if how == "dr_grpo":
-        if not max_tokens:
-            raise ValueError("dr_grpo aggregation needs max_tokens (the constant normalizer)")
-        return total / (token_loss.shape[0] * max_tokens)
-    raise ValueError(f"unknown aggregation {how!r}; use seq_mean_token_mean, token_mean or dr_grpo")
+    return get_loss_agg_fn(how)(token_loss, mask, max_tokens)
 
 
 def policy_loss(
