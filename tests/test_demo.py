@@ -1,20 +1,27 @@
 """``scope demo``: its three parts, the RESULT line's direction, the self-contained HTML report, the
-time estimates; and once end to end on the real embedded model through the CLI."""
+time estimates, the arms' YAML configs, the two-lane scheduler's failure path; and once end to end on
+the real embedded model through the CLI."""
 
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
+import multiprocessing
+import operator
 import os
 import re
 import subprocess
 import sys
+import time
+import tomllib
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from scope_marl import demo
+from scope_marl.config import TrainConfig, load_config
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.report import markdown_to_html
 from scope_marl.lab.arms import with_settings
@@ -172,6 +179,113 @@ def test_progress_scales_reference_times_by_gemm_and_corrects_itself():
 def test_time_limit_is_five_minutes_at_70_gflops():
     assert demo.time_limit(70.0) == 300.0
     assert demo.time_limit(342.0) == pytest.approx(61.4, abs=0.1)
+
+
+def test_progress_counts_stages_done_together_as_one_stretch_of_time():
+    now = [0.0]
+    lines: list[str] = []
+    lanes = {"main": [("a", 10.0), ("b", 20.0), ("c", 10.0)]}
+    progress = demo.Progress(lanes, gflops=demo.REFERENCE_GFLOPS, log=lines.append, clock=lambda: now[0], prior=0.0)
+    now[0] = 60.0  # a and b (30 s of reference) took 60 s: the rest is estimated twice as long
+    progress.done_together("main", [("a", "[a] done"), ("b", "[b] done")])
+    assert lines == ["[a] done | 60 s elapsed, ~20 s left", "[b] done | 60 s elapsed, ~20 s left"]
+
+
+# ---- the LLM arms: YAML configs --------------------------------------------------------------------
+
+
+def arm_config_before_yaml(arm: str, steps: int, model: str = "embedded", sampling: dict | None = None) -> TrainConfig:
+    """A frozen copy of the arm configs demo.py wrote in code before they became YAML (commit 3726899)."""
+    train_sampling = {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 16}
+    arms = {
+        "frozen": {"mode": "frozen", "id": "train-frozen", "sampling": train_sampling},
+        "vs_prob": {"mode": "vs", "id": "train-vs", "k": 3, "method": "prob", "sampling": {**train_sampling, "max_new_tokens": 10}},
+    }
+    simulator = {**arms[arm], "model": model}
+    if sampling is not None:
+        simulator["sampling"] = {**simulator["sampling"], **sampling}
+    return TrainConfig.model_validate(
+        {
+            "model": model,
+            "env": {"name": "p4g", "max_exchanges": 1, "word_limit": 20},
+            "agent_sampling": {**train_sampling, **(sampling or {})},
+            "simulator": simulator,
+            "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+            "learner": {"lr": 1e-4, "kl_coef": 0.01, "token_budget": 512},
+            "rollout": {"group_size": 2, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
+            "tasks_per_step": 2,
+            "steps": steps,
+            "eval": {"every": 0},
+            "checkpoint_every": steps,
+            "seed": 0,
+        }
+    )
+
+
+@pytest.mark.parametrize("arm", demo.ARMS)
+@pytest.mark.parametrize(
+    "steps,model,sampling",
+    [(2, "embedded", None), (1, "hf:/models/tiny", {"temperature": 1.0, "top_p": 1.0}), (5, "embedded", {"max_new_tokens": 6})],
+)
+def test_an_arm_is_its_yaml_with_the_demos_steps_model_and_sampling(arm, steps, model, sampling):
+    assert demo.arm_config(arm, steps, model, sampling) == arm_config_before_yaml(arm, steps, model, sampling)
+
+
+def test_the_arm_yamls_are_whole_train_configs_that_ship_with_the_package():
+    folder = demo.arms.CONFIGS
+    assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted(demo.ARMS)
+    for arm in demo.ARMS:
+        cfg = load_config(folder / f"{arm}.yaml", TrainConfig)
+        assert cfg == demo.arm_config(arm, 2), "the YAML is the demo's arm at its default 2 steps"
+        assert cfg.env.max_exchanges == 1 and cfg.eval.every == 0 and cfg.steps == cfg.checkpoint_every
+    assert {load_config(folder / f"{arm}.yaml", TrainConfig).simulator.mode for arm in demo.ARMS} == {"frozen", "vs"}
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["scope_marl.demo"]
+    assert all(any(fnmatch.fnmatch(f"configs/{arm}.yaml", p) for p in patterns) for arm in demo.ARMS), "scope demo reads them at run time"
+
+
+# ---- the two lanes ---------------------------------------------------------------------------------
+
+
+def test_the_worker_lanes_progress_reaches_this_process_and_torch_threads_come_back():
+    import torch
+
+    lines: list[str] = []
+    progress = demo.Progress({"main": [("a", 1.0)], "worker": [("b", 1.0)]}, gflops=demo.REFERENCE_GFLOPS, log=lines.append)
+    threads = torch.get_num_threads()
+    with demo.TwoLanes(progress, threads=1) as lanes:
+        job = lanes.submit(demo.scheduler.worker_report, ("b", "[b] done in the worker"))
+        assert torch.get_num_threads() == 1, "the main lane's torch runs on one thread too"
+        lanes.report(("a", "[a] done here"))
+        job.result()
+    assert torch.get_num_threads() == threads
+    assert sorted(line.split(" |")[0] for line in lines) == ["[a] done here", "[b] done in the worker"]
+
+
+@pytest.mark.parametrize("failing", ["main lane", "worker job"])
+def test_a_failing_demo_ends_its_own_worker_and_no_other_process(failing):
+    """The failure path terminates the worker process the lanes started (the pool would wait for its
+    job), and leaves every other child of this process alone."""
+    bystander = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(300,), daemon=True)
+    bystander.start()
+    try:
+        progress = demo.Progress({"main": [], "worker": []}, gflops=demo.REFERENCE_GFLOPS, log=lambda _: None)
+        started = time.perf_counter()
+        with pytest.raises(ZeroDivisionError), demo.TwoLanes(progress, threads=None) as lanes:
+            raising = lanes.submit(operator.truediv, 1, 0)  # a cheap job that raises
+            lanes.submit(time.sleep, 300)  # the next job: the pool would wait minutes for it
+            workers = lanes.processes()
+            if failing == "worker job":
+                raising.result()  # the worker's error, raised here
+            raise ZeroDivisionError("the main lane fails")
+        assert time.perf_counter() - started < 120, "the worker's long job was cut short"
+        assert len(workers) == 1
+        workers[0].join(timeout=30)
+        assert workers[0].exitcode is not None, "the lanes' own worker process is ended"
+        assert bystander.is_alive(), "a process the lanes did not start is left alone"
+    finally:
+        bystander.terminate()
+        bystander.join()
 
 
 @pytest.mark.slow
