@@ -66,7 +66,7 @@ def on_ray(cfg, warm, timed, workers: int) -> tuple[float, float]:
     """(episodes/s of the timed batch, seconds from ray.init to the warm-up's episodes)."""
     import ray
 
-    from scope_marl.executor import RayExecutor
+    from scope_marl.executor.ray_workers import RayExecutor
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -74,11 +74,11 @@ def on_ray(cfg, warm, timed, workers: int) -> tuple[float, float]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     executor = RayExecutor(functools.partial(build_rollout, cfg), workers=workers, threads=1, num_cpus=1)
     try:
-        executor.run(warm[:1], first_group=10_000)  # the probe: the first episodes back
+        executor.play(warm[:1], first_group=10_000)  # the probe: the first episodes back
         startup = time.perf_counter() - started
-        executor.run(warm, first_group=0)
+        executor.play(warm, first_group=0)
         started = time.perf_counter()
-        episodes = executor.run(timed, first_group=len(warm))
+        episodes = executor.play(timed, first_group=len(warm))
         return len(episodes) / (time.perf_counter() - started), startup
     finally:
         executor.close()

@@ -162,25 +162,19 @@ def pool(tmp_path) -> SimulatorPool:
 
 
 @pytest.mark.parametrize("seed", BASES)
-def test_trainer_pool_member_matches_the_old_formula(seed, pool):
-    """training/trainer.py ``_load_pool_member``: ``random.Random(seed * 1_000_003 + step)``, on a stand-in trainer."""
-    from scope_marl.training.trainer import Trainer
+def test_trainer_pool_member_matches_the_old_formula(seed, pool, tmp_path):
+    """training/population.py ``Population.draw``: ``random.Random(seed * 1_000_003 + step)``."""
+    from scope_marl.training.population import Population
 
     loaded = []
     chat = SimpleNamespace(load_adapter_weights=lambda name, path: loaded.append(path))
+    engine = SimpleNamespace(simulator=SimpleNamespace(simulator_id="trainable"))
     for step in (0, 1, 5, 16, 1000):
-        trainer = SimpleNamespace(
-            member_rewards={},
-            pool=pool,
-            cfg=SimpleNamespace(seed=seed),
-            step=step,
-            chat=chat,
-            engine=SimpleNamespace(simulator=SimpleNamespace(simulator_id="trainable")),
-            _unsynced=set(),
-        )
-        Trainer._load_pool_member(trainer)
+        population = Population(SimpleNamespace(every=1), seed, tmp_path, chat, "simulator", engine)
+        population.pool = pool
+        population.draw(step)
         expected = pool.select(rng=random.Random(seed * M + step), scores={})
-        assert trainer.member == expected.member_id and trainer._unsynced == {"simulator"}, "Ray workers get the member next"
+        assert population.member == expected.member_id and engine.simulator.simulator_id == f"trainable:{expected.member_id}"
         assert loaded[-1] == Path(expected.path)
 
 

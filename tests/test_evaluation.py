@@ -422,3 +422,37 @@ def test_training_simulators_are_marked_by_id_or_by_settings():
 def test_panel_env_overrides_are_checked_against_the_env():
     with pytest.raises(ValueError, match=r"simulators\.0\.env: unknown field\(s\) \['sourse'\]; allowed: name, data_dir, source"):
         Panel.model_validate({"simulators": [{"id": "a", "env": {"sourse": "synthetic"}, "simulator": {"mode": "frozen"}}]})
+
+
+def test_diagnose_spec_is_scope_diagnose_gamma_without_the_printing(tmp_path):
+    from scope_marl.evaluation.gamma import diagnose_spec
+
+    out = tmp_path / "gamma.json"
+    result = diagnose_spec("frozen:scripted:No.", "say_the_word", out, lambda _: None, states=2, samples=4, vs_calls=2)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result)) and result["mean"]["plain"]["unique"] == 1
+    with pytest.raises(ValueError, match="unknown --env 'tau3'; use p4g or say_the_word"):
+        diagnose_spec("frozen:scripted:No.", "tau3")
+
+
+def test_evaluate_checkpoint_is_scope_eval_without_the_printing(tmp_path):
+    """Overrides, two splits (one folder each, written as each ends) and the errors a user can fix."""
+    from scope_marl.evaluation.evaluate import evaluate_checkpoint
+
+    panel = tmp_path / "panel.yaml"
+    panel.write_text(
+        "name: tiny\nenv: {name: say_the_word}\nsplit: test\nsamples_per_task: 2\n"
+        "simulators:\n  - {id: stubborn, simulator: {mode: frozen, model: 'scripted:No.'}}\n"
+        "  - {id: willing, simulator: {mode: frozen, model: 'scripted:Apple!'}}\n"
+    )
+    messages = []
+    report, results = evaluate_checkpoint(
+        "base", str(panel), tmp_path / "out", "scripted:Say apple.", {"tasks_per_simulator": 2}, ["test", "validation"], log=messages.append
+    )
+    assert results == [tmp_path / "out" / "test" / "eval.json", tmp_path / "out" / "validation" / "eval.json"]
+    first = json.loads(results[0].read_text())
+    assert first["split"] == "test" and first["simulators"]["stubborn"]["episodes"] == 4 and report.name == "eval.md"
+    assert "evaluating base against 2 simulator(s): 2 jobs on this process" in messages
+    with pytest.raises(ValueError, match=r"--training \['nobody'\] not in the panel"):
+        evaluate_checkpoint("base", str(panel), tmp_path / "x", "scripted:Hi.", training=["nobody"])
+    with pytest.raises(ValueError, match="--split 'dev' is not a split"):
+        evaluate_checkpoint("base", str(panel), tmp_path / "x", "scripted:Hi.", splits=["dev"])

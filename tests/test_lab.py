@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lab_exact import best_policy, expected_reward, played_weights
 
 from scope_marl.config import ConfigError
 from scope_marl.evaluation.stats import t_interval
@@ -18,7 +19,6 @@ from scope_marl.lab import arms, loop, report
 from scope_marl.lab import run as lab_run
 from scope_marl.lab.episodes import play
 from scope_marl.lab.games import load_game
-from scope_marl.lab.games.exact import best_policy, expected_reward, played_weights
 from scope_marl.lab.games.p4g import FITTED, p4g_game
 from scope_marl.lab.games.theory import theory_game
 from scope_marl.lab.panel import (

@@ -125,6 +125,36 @@ def test_a_crashed_run_resumes_to_the_same_result(talky_chat, game, tmp_path, ar
     )
 
 
+def test_a_run_killed_mid_checkpoint_resumes_like_a_training_run(talky_chat, game, tmp_path):
+    """The LLM lab's runs are run directories like scope train's: a checkpoint torn by a kill (here: its
+    newest has lost bytes, and a half-written one lies beside it) is set aside with a warning, the one
+    before it is used, the metrics of the later step go, and the run ends as if never stopped."""
+    panel = build_panel(game, load_panel(HELDOUT_PANEL))
+    start = {"heldout_reward": 0.0, "per_simulator": {}, "strategy_entropy": 0.0, "strategy_shares": {}, "distinct2": 0.0, "examples": []}
+    whole = train_llm_arm(talky_chat, game, "population", 0, QUICK, panel, tmp_path / "whole", start)
+
+    def crash_after_three(step: int, seconds: float) -> None:
+        if step == 3:
+            raise Crash
+
+    run = tmp_path / "resumed"
+    with pytest.raises(Crash):
+        train_llm_arm(talky_chat, game, "population", 0, QUICK, panel, run, start, crash_after_three)
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-000002", "step-000003"]
+    (run / "checkpoints" / ".step-000004.half.tmp").mkdir()  # a kill mid-write leaves only a temporary folder
+    adapter = next((run / "checkpoints" / "step-000003").rglob("adapter_model.safetensors"))
+    adapter.write_bytes(adapter.read_bytes()[:-8])  # ... or a disk that lost bytes of a whole one
+    resumed = train_llm_arm(talky_chat, game, "population", 0, QUICK, panel, run, start)
+    assert (run / "checkpoints" / "damaged-step-000003").is_dir()
+    strip = lambda curve: [{k: v for k, v in p.items() if k != "seconds"} for p in curve]
+    assert strip(resumed["curve"]) == strip(whole["curve"])
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4], "each step's metrics once"
+    assert [line["train_reward"] for line in lines] == [
+        json.loads(line)["train_reward"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
 def test_quick_run_writes_the_report_and_refuses_other_settings(talky_chat, tmp_path):
     out = tmp_path / "lab"
     lines = []

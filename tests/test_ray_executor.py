@@ -17,7 +17,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed; `make s
 
 from scope_marl.assembly import build_rollout  # noqa: E402
 from scope_marl.config import RolloutRunConfig  # noqa: E402
-from scope_marl.executor import RayExecutor, StaleWorker, split_blocks  # noqa: E402
+from scope_marl.executor import split_blocks  # noqa: E402
+from scope_marl.executor.ray_workers import RayExecutor, StaleWorker  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -64,7 +65,7 @@ def local_and_ray(cfg: RolloutRunConfig, workers: int):
     expected = local.run(tasks)
     executor = RayExecutor(functools.partial(build_rollout, cfg), workers=workers)
     try:
-        return expected, executor.run(tasks, first_group=0), executor.worker_pids()
+        return expected, executor.play(tasks, first_group=0), executor.worker_pids()
     finally:
         executor.close()
 
@@ -114,10 +115,10 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_batch_is_unchanged(tiny_mo
     tasks = build_rollout(cfg).env.tasks("train")[:8]
     executor = RayExecutor(factory, workers=2)
     try:
-        expected = executor.run(tasks, first_group=0)
+        expected = executor.play(tasks, first_group=0)
         victim = executor.worker_pids()[0]
         result = {}
-        runner = threading.Thread(target=lambda: result.setdefault("episodes", executor.run(tasks, first_group=0)))
+        runner = threading.Thread(target=lambda: result.setdefault("episodes", executor.play(tasks, first_group=0)))
         runner.start()
         threading.Event().wait(0.5)
         os.kill(victim, signal.SIGKILL)
@@ -135,14 +136,14 @@ def test_a_stale_worker_refuses_to_play():
     )
     executor = RayExecutor(functools.partial(build_rollout, cfg), workers=1)
     try:
-        executor.push({}, version=1)
+        executor.send({}, version=1)
         tasks = build_rollout(cfg).env.tasks("train")[:1]
-        assert len(executor.run(tasks)) == cfg.rollout.group_size
+        assert len(executor.play(tasks)) == cfg.rollout.group_size
         with pytest.raises(StaleWorker, match="holds adapter version 1, asked to play version 0"):
             ray.get(executor.workers[0].play.remote(tasks, 0, 0))
         executor.version = 2  # a step whose update never reached the workers
         with pytest.raises(StaleWorker, match="asked to play version 2"):
-            executor.run(tasks)
+            executor.play(tasks)
     finally:
         executor.close()
 
@@ -212,12 +213,12 @@ def test_pushed_adapter_tensors_change_what_workers_sample_to_the_learners_weigh
     tensors = {k: v.clone() for k, v in get_peft_model_state_dict(trained.agent.model.model, adapter_name="agent").items()}
     executor = RayExecutor(functools.partial(adapted_engine, str(tiny_model_dir)), workers=1)
     try:
-        before = executor.run(tasks, first_group=0)  # the workers' fresh adapter (B = 0)
+        before = executor.play(tasks, first_group=0)  # the workers' fresh adapter (B = 0)
         assert tokens(before) != tokens(expected)
-        executor.push({"agent": tensors}, version=1)
-        assert tokens(executor.run(tasks, first_group=0)) == tokens(expected)
+        executor.send({"agent": tensors}, version=1)
+        assert tokens(executor.play(tasks, first_group=0)) == tokens(expected)
         with pytest.raises(ValueError, match="holds adapter 'critic'"):
-            executor.push({"critic": tensors}, version=2)
+            executor.send({"critic": tensors}, version=2)
     finally:
         executor.close()
 

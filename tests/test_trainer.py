@@ -102,13 +102,15 @@ def test_population_snapshots_go_to_the_pool(tiny_model_dir, tmp_path):
     )
     trainer = start(TrainConfig.model_validate(cfg), tmp_path / "pop")
     trainer.run(progress=False)
-    members = trainer.pool.members
+    members = trainer.population.pool.members
     assert [m.step for m in members] == [0, 2, 4] and members[0].pinned
     assert len({m.path for m in members}) == 3 and len({m.content_hash for m in members}) == 3
     lines = [json.loads(line) for line in (tmp_path / "pop" / "metrics.jsonl").read_text().splitlines()]
     played = [line["pool_member"] for line in lines]
     assert played[0] == members[0].member_id and set(played) <= {m.member_id for m in members}
-    assert set(trainer.member_rewards) == set(played), "the agent's reward against each played member is kept for prioritized selection"
+    assert set(trainer.population.member_rewards) == set(played), (
+        "the agent's reward against each played member is kept for prioritized selection"
+    )
 
 
 def test_config_rejects_inconsistent_roles(tiny_model_dir):

@@ -157,14 +157,14 @@ def test_the_spec_string_builds_a_vllm_client_and_explains_a_missing_url():
 
 
 def test_a_sampler_must_be_a_server_that_takes_adapters(tiny_chat):
-    from scope_marl.training.trainer import remote_sampler
+    from scope_marl.training.policies import remote_sampler
 
     with pytest.raises(ValueError, match="cannot receive adapters"):
         remote_sampler("scripted:hi", tiny_chat)
 
 
 def test_a_sampler_must_tokenize_like_the_learner(tiny_chat, tokenizer, monkeypatch):
-    from scope_marl.training import trainer
+    from scope_marl.training import policies as trainer
 
     same = VLLMChatModel("embedded", URL, tokenizer)
     monkeypatch.setattr(trainer, "load_backend", lambda spec: same)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-import typing
 from pathlib import Path
 
 import click
@@ -116,28 +115,13 @@ def rollout(
 
     Example: scope rollout configs/rollout_say_the_word.yaml --out runs/rollout --simulator "vs(k=3):embedded"
     """
-    from scope_marl.assembly import build_rollout
-    from scope_marl.config import dump_config, load_config, parse_simulator_spec
-    from scope_marl.rollout import RolloutRecorder, summarize
+    from scope_marl.config import load_config, parse_simulator_spec
+    from scope_marl.experiment import play_rollouts
 
     cfg = load_config(config)
     if simulator:
         cfg.simulator = parse_simulator_spec(simulator)
-    recorder = RolloutRecorder(out)  # a bad --out fails before any model loads
-    if cfg.executor == "ray":
-        episodes, seconds, tokens, env, simulator = _rollout_on_ray(cfg, out)
-    else:
-        engine = build_rollout(cfg)
-        env, simulator = engine.env, engine.simulator
-        tasks = env.tasks(cfg.split)[: cfg.num_tasks]
-        dump_config(cfg, out / "config.yaml")
-        episodes = engine.run(tasks)
-        seconds, tokens = engine.stats.seconds, engine.stats.generated_tokens
-    path = recorder.write_batch(episodes)
-    summary = summarize(episodes, seconds, tokens, simulator)
-    summary["simulator"] = simulator.identity() if simulator is not None else episodes[0].metadata.get("simulator") if episodes else None
-    summary.update(split=cfg.split, tasks=len(episodes) // cfg.rollout.group_size, batch_file=path.name, env=env.describe())
-    recorder.write_summary(summary)
+    episodes, summary, path = play_rollouts(cfg, out)
 
     table = Table(title=f"{len(episodes)} episodes in {summary['seconds']:.1f}s -> {path}")
     table.add_column("metric")
@@ -160,31 +144,6 @@ def rollout(
             who = f"tool -> {m.requestor}" if m.role == "tool" else m.role
             text = m.raw if m.raw is not None else m.content
             console.print(f"  [cyan]{who}:[/] {escape(text)}")
-
-
-def _rollout_on_ray(cfg, out: Path):
-    """``scope rollout`` with ``executor: ray``: the workers build their own engines; this process only
-    splits the groups and gathers the episodes (the simulator's batch figures are not gathered)."""
-    import functools
-    import time
-
-    from scope_marl.assembly import build_env, build_rollout
-    from scope_marl.config import dump_config
-    from scope_marl.executor import RayExecutor
-
-    env = build_env(cfg.env)
-    tasks = env.tasks(cfg.split)[: cfg.num_tasks]
-    dump_config(cfg, out / "config.yaml")
-    r = cfg.ray
-    executor = RayExecutor(
-        functools.partial(build_rollout, cfg), workers=r.workers, address=r.address, threads=r.threads, num_cpus=r.num_cpus
-    )
-    try:
-        started = time.perf_counter()
-        episodes = executor.run(tasks, first_group=0)
-        return episodes, time.perf_counter() - started, executor.generated_tokens, env, None
-    finally:
-        executor.close()
 
 
 @app.command()
@@ -268,24 +227,10 @@ def demo(
 
     Example: scope demo --out runs/demo
     """
-    from scope_marl.demo import result_line, run_demo
-    from scope_marl.lab import format_table
+    from scope_marl.demo import closing_lines, run_demo
 
     summary = run_demo(out, steps=steps, seeds=seeds, log=lambda m: console.print(escape(m), soft_wrap=True))
-    console.print("", format_table(summary["lab"]), "", soft_wrap=True, markup=False, sep="\n")
-    for arm, a in summary["llm"]["arms"].items():
-        held = a["heldout"]["reward"]
-        console.print(
-            f"LLM {arm}: held-out reward {held['mean']:.3f} [{held['low']:.3f}, {held['high']:.3f}]", soft_wrap=True, markup=False
-        )
-    result = summary["result"]
-    console.print(
-        f"report: {Path(summary['out']) / 'report.html'} (and report.md) in {result['seconds']:.0f} s; "
-        f"the target on this machine (GEMM {result['gemm_gflops']:.0f} GFLOP/s) is {result['time_limit_s']:.0f} s",
-        soft_wrap=True,
-        markup=False,
-    )
-    console.print(result_line(result), soft_wrap=True, markup=False)
+    console.print(*closing_lines(summary), soft_wrap=True, markup=False, sep="\n")
 
 
 @app.command("eval")
@@ -321,52 +266,20 @@ def eval_command(
     Example: scope eval --checkpoint runs/tau2-frozen --panel tau2-offline --split test --split validation --out runs/tau2-frozen/eval
     Example: scope eval --humans base=frozen:embedded --humans "sft=frozen(adapter=runs/sft/adapter):embedded" --out runs/humans
     """
-    from scope_marl.config import Split
-    from scope_marl.evaluation.evaluate import evaluate_panel, load_agent, write_results, write_split_results
-    from scope_marl.evaluation.panel import load_panel
+    from scope_marl.config import RaySettings
+    from scope_marl.evaluation.evaluate import evaluate_checkpoint
 
     if humans:
         _eval_humans(humans, out, tasks, seed, model)
         return
     if checkpoint is None:
         fail("give --checkpoint (base, a run directory or a checkpoint), or --humans NAME=SPEC to compare simulators with humans")
-
-    chosen = load_panel(panel)
     overrides = {k: v for k, v in {"tasks_per_simulator": tasks, "samples_per_task": samples, "seed": seed}.items() if v is not None}
-    chosen = type(chosen).model_validate({**chosen.model_dump(), **overrides}).with_training(set(training))
-    unknown = set(training) - {s.id for s in chosen.simulators}
-    if unknown:
-        fail(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
-    allowed = typing.get_args(Split)
-    unknown_splits = [s for s in split if s not in allowed]
-    if unknown_splits:
-        fail(f"--split {unknown_splits[0]!r} is not a split; use one of {', '.join(allowed)}")
-    splits = list(dict.fromkeys(split)) or [chosen.split]
-    agent = load_agent(checkpoint, model)
+    ray = RaySettings(workers=ray_workers, address=ray_address) if ray_workers else None
     log = lambda m: console.print(escape(m), soft_wrap=True)
-    executor = None
-    if ray_workers:
-        from scope_marl.executor import RayExecutor
-
-        executor = RayExecutor(None, workers=ray_workers, address=ray_address)
-    try:
-        by_split = {}
-        for name in splits:
-            log(f"split {name}")
-            by_split[name] = evaluate_panel(chosen.model_copy(update={"split": name}), agent, log=log, executor=executor)
-            if len(splits) > 1:  # each split is written as soon as it is done: a later failure loses none of it
-                write_split_results(by_split, out)
-    finally:
-        if executor is not None:
-            executor.close()
-    if len(by_split) == 1:
-        report = write_results(by_split[splits[0]], out)
-        console.print(report.read_text(), soft_wrap=True, markup=False)
-        console.print(f"results: {out / 'eval.json'} and {report}", soft_wrap=True)
-        return
-    report = write_split_results(by_split, out)
+    report, results = evaluate_checkpoint(checkpoint, panel, out, model, overrides, split, training, ray, log)
     console.print(report.read_text(), soft_wrap=True, markup=False)
-    console.print(f"results: {', '.join(str(out / s / 'eval.json') for s in splits)} and {report}", soft_wrap=True)
+    console.print(f"results: {', '.join(str(p) for p in results)} and {report}", soft_wrap=True)
 
 
 def _eval_humans(humans: list[str], out: Path, tasks: int | None, seed: int | None, model: str | None) -> None:
@@ -522,20 +435,11 @@ def diagnose_gamma_command(
 
     Example: scope diagnose gamma --simulator frozen:embedded --states 4 --samples 256
     """
-    from scope_marl.assembly import build_env
-    from scope_marl.config import P4GConfig, SayTheWordConfig, parse_simulator_spec
-    from scope_marl.core import files
-    from scope_marl.evaluation.gamma import diagnose_gamma
+    from scope_marl.evaluation.gamma import diagnose_spec
 
-    cfg = parse_simulator_spec(simulator)
-    env_cfg = (
-        P4GConfig(name="p4g", max_exchanges=3, word_limit=30) if env == "p4g" else SayTheWordConfig() if env == "say_the_word" else None
-    )
-    if env_cfg is None:
-        fail(f"unknown --env {env!r}; use p4g or say_the_word")
-    result = diagnose_gamma(
-        cfg, build_env(env_cfg), states, samples, vs_k, vs_calls, seed, log=lambda m: console.print(escape(m), soft_wrap=True)
-    )
+    log = lambda m: console.print(escape(m), soft_wrap=True)
+    settings = {"states": states, "samples": samples, "vs_k": vs_k, "vs_calls": vs_calls, "seed": seed}
+    result = diagnose_spec(simulator, env, out, log, **settings)
     table = Table(title=f"gamma diagnosis of {simulator}: {states} states x {samples} replies")
     for column in ("state", "side", "top-1 mass", "unique", "entropy", "Zipf slope", "entropy ratio"):
         table.add_column(column, justify="right")
@@ -554,7 +458,6 @@ def diagnose_gamma_command(
             )
     console.print(table)
     if out is not None:
-        files.write_json(out, result)
         console.print(f"written to {out}")
 
 

@@ -1,4 +1,5 @@
-"""A training run with its periodic evaluation: the one place where training and evaluation meet.
+"""Runs from a config: rollouts (``scope rollout``), and a training run with its periodic evaluation,
+the one place where training and evaluation meet.
 
 ``scope_marl.training`` and ``scope_marl.evaluation`` are siblings that never import each other
 (the layers contract in pyproject.toml checks it): the trainer asks for an ``Evaluator``, and this
@@ -8,17 +9,50 @@ and resume runs through here.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scope_marl.config import TrainConfig, dump_config
+from scope_marl.assembly import build_env, build_rollout
+from scope_marl.config import RolloutRunConfig, TrainConfig, dump_config
 from scope_marl.core import run_layout
-from scope_marl.core.run_lock import LOCK_FILE, RunLock
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.periodic import PanelEvaluator
+from scope_marl.executor import open_executor
+from scope_marl.rollout import RolloutRecorder, summarize
 from scope_marl.training import data_parallel
-from scope_marl.training.trainer import Trainer, check_new_run, read_run_config
+from scope_marl.training.run_dir import RunDir, read_config
+from scope_marl.training.trainer import Trainer
+
+
+def play_rollouts(cfg: RolloutRunConfig, out: str | Path) -> tuple[list, dict, Path]:
+    """``scope rollout``: play the config's tasks on its executor, write the batch (numbered after any
+    already in ``out``), the config and ``summary.json``; returns (episodes, summary, batch path).
+
+    On Ray the workers build their own engines; the simulator's batch figures are then not gathered."""
+    recorder = RolloutRecorder(out)  # a bad --out fails before any model loads
+    factory = functools.partial(build_rollout, cfg)
+    executor = open_executor(cfg, factory)
+    try:
+        engine = getattr(executor, "engine", None)  # None on Ray: the engines are the workers'
+        env = engine.env if engine is not None else build_env(cfg.env)
+        simulator = engine.simulator if engine is not None else None
+        tasks = env.tasks(cfg.split)[: cfg.num_tasks]
+        dump_config(cfg, Path(out) / "config.yaml")
+        started = time.perf_counter()
+        episodes = executor.play(tasks, first_group=0)
+        seconds = engine.stats.seconds if engine is not None else time.perf_counter() - started
+        tokens = executor.generated_tokens
+    finally:
+        executor.close()
+    path = recorder.write_batch(episodes)
+    summary = summarize(episodes, seconds, tokens, simulator)
+    summary["simulator"] = simulator.identity() if simulator is not None else episodes[0].metadata.get("simulator") if episodes else None
+    summary.update(split=cfg.split, tasks=len(episodes) // cfg.rollout.group_size, batch_file=path.name, env=env.describe())
+    recorder.write_summary(summary)
+    return episodes, summary, path
 
 
 def evaluator_for(cfg: TrainConfig) -> PanelEvaluator | None:
@@ -29,34 +63,20 @@ def evaluator_for(cfg: TrainConfig) -> PanelEvaluator | None:
 def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     """A new run in ``run_dir`` (refused when it already holds one, or another process holds it), its
     config saved beside it."""
-    lead = data_parallel.rank() == 0  # under torchrun only rank 0 holds the lock and writes
-    lock = RunLock(run_dir).acquire() if lead else None
-    try:
-        check_new_run(run_dir)
-        trainer = Trainer(cfg, run_dir, evaluator_for(cfg), lock)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    if lead:
-        dump_config(cfg, Path(run_dir) / run_layout.CONFIG)
+    run = RunDir.new(run_dir, lead=data_parallel.rank() == 0)  # under torchrun only rank 0 holds the lock and writes
+    with run.released_on_error():
+        trainer = Trainer(cfg, run, evaluator_for(cfg))
+    run.write_config(cfg)
     return trainer
 
 
 def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
     """Continue a run from its own saved config and its newest valid checkpoint (refused while another
     process holds the run); ``log`` receives a warning for every damaged file skipped on the way."""
-    # A run that is still starting holds its lock before it writes its config: try the lock first.
-    if not any((Path(run_dir) / name).exists() for name in (run_layout.CONFIG, LOCK_FILE)):
-        raise FileNotFoundError(f"{run_dir} has no {run_layout.CONFIG}: is it a run directory written by scope train?")
-    lock = RunLock(run_dir).acquire() if data_parallel.rank() == 0 else None
-    try:
-        cfg = read_run_config(run_dir)
-        return Trainer(cfg, run_dir, evaluator_for(cfg), lock).restore(log)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
+    run = RunDir.existing(run_dir, lead=data_parallel.rank() == 0)
+    with run.released_on_error():
+        cfg = run.read_config(TrainConfig)
+        return Trainer(cfg, run, evaluator_for(cfg)).restore(log)
 
 
 def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None] = print, progress: bool = True) -> list[dict]:
@@ -65,7 +85,7 @@ def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], Non
     launched by torchrun, this process is one data-parallel rank (``training.data_parallel``)."""
     data_parallel.join_from_environment()  # under torchrun: one rank of a data-parallel run
     saved = Path(run_dir) / run_layout.CONFIG
-    executor = cfg.executor if cfg is not None else read_run_config(run_dir).executor if saved.exists() else "local"
+    executor = cfg.executor if cfg is not None else read_config(run_dir, TrainConfig).executor if saved.exists() else "local"
     if executor == "ray":
         return _train_on_ray(cfg, run_dir, log, progress)
     trainer = start(cfg, run_dir) if cfg is not None else resume(run_dir, log)
@@ -96,9 +116,9 @@ class _LearnerActor:
 def _train_on_ray(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None], progress: bool) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from scope_marl.executor import connect, raised_cause
+    from scope_marl.executor.ray_workers import connect, raised_cause
 
-    settings = (cfg or read_run_config(run_dir)).ray
+    settings = (cfg or read_config(run_dir, TrainConfig)).ray
     ray, started = connect(settings.address)
     actor = None
     try:

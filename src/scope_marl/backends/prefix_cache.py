@@ -97,10 +97,6 @@ class PrefixCache:
             self._shared.move_to_end(used)  # the most recently used shared prefixes are kept
         return best if best[1] else (None, 0)
 
-    def shared_length(self, prompt: list[int], adapter: str | None) -> int:
-        """How many leading tokens of ``prompt`` a shared entry already covers."""
-        return max((common_prefix(ids, prompt, len(ids)) for e, ids in self._shared.values() if e.adapter == adapter), default=0)
-
     def store(self, key: Hashable, entry: CachedPrefix | SlotPrefix) -> None:
         self._entries[key] = entry
 

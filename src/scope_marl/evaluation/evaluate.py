@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import typing
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from pathlib import Path
 from scope_marl.assembly import ModelCache, build_env, build_simulator
 from scope_marl.backends import ChatModel, load_backend
 from scope_marl.backends.seat import Seat
-from scope_marl.config import RolloutConfig, TrainConfig, load_config
+from scope_marl.config import ExecutorSettings, RaySettings, RolloutConfig, Split, TrainConfig, load_saved_config
 from scope_marl.core import files, run_layout
 from scope_marl.core.seeds import derive_seed
 from scope_marl.core.types import Episode, EpisodeStatus
@@ -32,6 +34,7 @@ from scope_marl.envs import AGENT
 from scope_marl.evaluation.diversity import Coverage, diversity
 from scope_marl.evaluation.panel import Panel, PanelSimulator
 from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve, pass_hat_k_intervals
+from scope_marl.executor import Executor, LocalExecutor, split_blocks
 from scope_marl.rollout import RolloutEngine
 
 
@@ -107,7 +110,7 @@ def load_agent(checkpoint_or_base: str, model: str | None = None, models: ModelC
         raise FileNotFoundError(
             f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)"
         )
-    spec = model or load_config(run_config, TrainConfig).model
+    spec = model or load_saved_config(run_config, TrainConfig).model
     base = models.get(spec)
     step = run_layout.read_state(path)["step"]
     if run_layout.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
@@ -169,11 +172,25 @@ def play(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest, env, block:
 
 
 _WORKER_MODELS = ModelCache()  # in a Ray worker: models kept loaded from one evaluation job to the next
+_ENVIRONMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per model pool: one environment per config
 
 
-def play_block(panel: Panel, entry: PanelSimulator, recipe: AgentRecipe, env_cfg, block: tuple[int, int]) -> list[Episode]:
-    """One (simulator, task block) job of a panel fanned out over Ray workers."""
-    return play(panel, entry, recipe.build(_WORKER_MODELS), build_env(env_cfg, _WORKER_MODELS), block)
+def environment(cfg, models: ModelCache):
+    """One environment per distinct config (simulators' env overrides may differ) and model pool (an LLM
+    judge loads there), kept while that pool lives."""
+    built = _ENVIRONMENTS.setdefault(models, {})
+    key = cfg.model_dump_json()
+    if key not in built:
+        built[key] = build_env(cfg, models)
+    return built[key]
+
+
+def play_block(panel: Panel, entry: PanelSimulator, agent: AgentUnderTest | AgentRecipe, env_cfg, block: tuple[int, int]) -> list[Episode]:
+    """One (simulator, task block) job of a panel: with the live agent where it lives, or in a Ray worker
+    with the agent rebuilt from its recipe on the models the worker keeps loaded."""
+    if isinstance(agent, AgentRecipe):
+        agent = agent.build(_WORKER_MODELS)
+    return play(panel, entry, agent, environment(env_cfg, agent.models), block)
 
 
 def agent_turns(episodes: Sequence[Episode]) -> tuple[list[str], list[str]]:
@@ -234,28 +251,14 @@ def build_coverage(panel: Panel, env, episodes: Sequence[Episode]) -> Coverage |
     return coverage
 
 
-def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print, executor=None) -> dict:
-    """Play the whole panel and score it: here, or fanned out over a :class:`RayExecutor`'s workers, one
-    (simulator, task block) job per worker (the same episodes: every group keeps its number)."""
-    envs: dict[str, object] = {}
-
-    def env_for(cfg):
-        """One environment per distinct config (simulators' env overrides may differ)."""
-        key = cfg.model_dump_json()
-        if key not in envs:
-            envs[key] = build_env(cfg)
-        return envs[key]
-
+def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], None] = print, executor: Executor | None = None) -> dict:
+    """Play the whole panel as (simulator, task block) jobs on ``executor`` (default: this process) and
+    score it. Every group keeps its number, so the episodes are the same wherever the jobs run."""
+    executor = executor or LocalExecutor()
     env_cfgs = {entry.id: type(panel.env).model_validate({**panel.env.model_dump(), **entry.env}) for entry in panel.simulators}
-    if executor is None:
-        played: dict[str, list[Episode]] = {}
-        for entry in panel.simulators:
-            log(f"evaluating {agent.label} against {entry.id}")
-            played[entry.id] = play(panel, entry, agent, env_for(env_cfgs[entry.id]))
-    else:
-        played = fan_out(panel, agent, env_cfgs, env_for, executor, log)
+    played = play_panel(panel, agent, env_cfgs, executor, log)
     all_episodes = [e for eps in played.values() for e in eps]
-    coverage = build_coverage(panel, env_for(panel.env), all_episodes)
+    coverage = build_coverage(panel, environment(panel.env, agent.models), all_episodes)
     heldout_ids = [s.id for s in panel.simulators if not s.training]
     return {
         "agent": agent.label,
@@ -273,20 +276,20 @@ def evaluate_panel(panel: Panel, agent: AgentUnderTest, log: Callable[[str], Non
     }
 
 
-def fan_out(panel: Panel, agent: AgentUnderTest, env_cfgs: dict, env_for, executor, log: Callable[[str], None]) -> dict[str, list[Episode]]:
-    """Every panel simulator's episodes, played as (simulator, task block) jobs on Ray workers: each
-    simulator's tasks cut into enough blocks that every worker has a job."""
-    from scope_marl.executor import split_blocks
-
-    recipe = agent.recipe()
-    per_simulator = -(-len(executor.workers) // len(panel.simulators))
+def play_panel(
+    panel: Panel, agent: AgentUnderTest, env_cfgs: dict, executor: Executor, log: Callable[[str], None]
+) -> dict[str, list[Episode]]:
+    """Every panel simulator's episodes, played as (simulator, task block) jobs on the executor: each
+    simulator's tasks cut into enough blocks that every player has a job (one block each in this process)."""
+    carried = executor.portable(agent)
+    per_simulator = -(-executor.parallelism // len(panel.simulators))
     jobs, owners = [], []
     for entry in panel.simulators:
-        count = len(panel_tasks(env_for(env_cfgs[entry.id]), panel))
+        count = len(panel_tasks(environment(env_cfgs[entry.id], agent.models), panel))
         for block in split_blocks(count, min(per_simulator, max(count, 1))):
-            jobs.append(functools.partial(play_block, panel, entry, recipe, env_cfgs[entry.id], block))
+            jobs.append(functools.partial(play_block, panel, entry, carried, env_cfgs[entry.id], block))
             owners.append(entry.id)
-    log(f"evaluating {agent.label} against {len(panel.simulators)} simulator(s): {len(jobs)} jobs on {len(executor.workers)} Ray worker(s)")
+    log(f"evaluating {agent.label} against {len(panel.simulators)} simulator(s): {len(jobs)} jobs on {executor.describe()}")
     played: dict[str, list[Episode]] = {entry.id: [] for entry in panel.simulators}
     for owner, episodes in zip(owners, executor.map(jobs)):
         played[owner] += episodes
@@ -375,6 +378,52 @@ def markdown(results: dict) -> str:
             + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def evaluate_checkpoint(
+    checkpoint: str,
+    panel: str,
+    out: Path,
+    model: str | None = None,
+    overrides: dict | None = None,
+    splits: Sequence[str] = (),
+    training: Sequence[str] = (),
+    ray: RaySettings | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[Path, list[Path]]:
+    """``scope eval``: an agent (``base``, a run directory or a checkpoint) against a panel (a YAML path or a
+    built-in name) with its ``overrides`` (panel fields), on each of ``splits`` (default: the panel's),
+    ``training`` naming panel simulators used in training; on Ray workers with ``ray``. Writes
+    ``eval.json`` and ``eval.md`` (several splits: one folder each and one ``eval.md``); returns the
+    report and the JSON files."""
+    from scope_marl.evaluation.panel import load_panel
+    from scope_marl.executor import open_executor
+
+    chosen = load_panel(panel)
+    chosen = type(chosen).model_validate({**chosen.model_dump(), **(overrides or {})}).with_training(set(training))
+    unknown = set(training) - {s.id for s in chosen.simulators}
+    if unknown:
+        raise ValueError(f"--training {sorted(unknown)} not in the panel; its simulators: {', '.join(s.id for s in chosen.simulators)}")
+    allowed = typing.get_args(Split)
+    unknown_splits = [s for s in splits if s not in allowed]
+    if unknown_splits:
+        raise ValueError(f"--split {unknown_splits[0]!r} is not a split; use one of {', '.join(allowed)}")
+    splits = list(dict.fromkeys(splits)) or [chosen.split]
+    agent = load_agent(checkpoint, model)
+    where = ExecutorSettings(executor="ray", ray=ray) if ray is not None else ExecutorSettings()
+    executor = open_executor(where, factory=None)  # jobs only: each job builds what it plays
+    try:
+        by_split = {}
+        for name in splits:
+            log(f"split {name}")
+            by_split[name] = evaluate_panel(chosen.model_copy(update={"split": name}), agent, log=log, executor=executor)
+            if len(splits) > 1:  # each split is written as soon as it is done: a later failure loses none of it
+                write_split_results(by_split, out)
+    finally:
+        executor.close()
+    if len(by_split) == 1:
+        return write_results(by_split[splits[0]], out), [out / "eval.json"]
+    return write_split_results(by_split, out), [out / s / "eval.json" for s in splits]
 
 
 def write_results(results: dict, out: Path) -> Path:

@@ -25,8 +25,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from scope_marl.assembly import ModelCache, build_simulator
-from scope_marl.config import FrozenSimulatorConfig, LLMSimulatorFields, SimulatorConfig, VerbalizedConfig
+from scope_marl.assembly import ModelCache, build_env, build_simulator
+from scope_marl.config import (
+    FrozenSimulatorConfig,
+    LLMSimulatorFields,
+    P4GConfig,
+    SayTheWordConfig,
+    SimulatorConfig,
+    VerbalizedConfig,
+    parse_simulator_spec,
+)
+from scope_marl.core import files
 from scope_marl.core.seeds import derive_seed
 from scope_marl.core.types import Message
 from scope_marl.envs import AGENT, USER, Environment, role_view
@@ -112,6 +121,23 @@ def paired_configs(cfg: SimulatorConfig, k: int) -> tuple[SimulatorConfig, Verba
     if isinstance(cfg, VerbalizedConfig):
         return FrozenSimulatorConfig(**shared), cfg
     return cfg, VerbalizedConfig(mode="vs", k=k, method="prob", **shared)
+
+
+DIAGNOSIS_ENVS = {  # the environments scope diagnose gamma samples dialogue states from
+    "p4g": lambda: P4GConfig(name="p4g", max_exchanges=3, word_limit=30),
+    "say_the_word": SayTheWordConfig,
+}
+
+
+def diagnose_spec(spec: str, env: str = "p4g", out=None, log: Callable[[str], None] = print, **settings) -> dict:
+    """``scope diagnose gamma``: :func:`diagnose_gamma` of a simulator spec string (e.g. ``frozen:embedded``)
+    on one of :data:`DIAGNOSIS_ENVS`; the result also written as JSON to ``out`` when given."""
+    if env not in DIAGNOSIS_ENVS:
+        raise ValueError(f"unknown --env {env!r}; use {' or '.join(DIAGNOSIS_ENVS)}")
+    result = diagnose_gamma(parse_simulator_spec(spec), build_env(DIAGNOSIS_ENVS[env]()), log=log, **settings)
+    if out is not None:
+        files.write_json(out, result)
+    return result
 
 
 def diagnose_gamma(

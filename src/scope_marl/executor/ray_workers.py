@@ -1,4 +1,4 @@
-"""Rollouts on workers that are Ray actors (``executor: ray``; ``local`` is the engine in this process).
+"""Rollouts on workers that are Ray actors (``executor: ray``).
 
 Workers play whole GRPO groups with the seeds the local engine would give them (per-episode seeds:
 a group's number, its rollout and turn decide every draw), so a Ray run reproduces the local one.
@@ -31,9 +31,8 @@ from typing import Any, TypeVar
 
 from scope_marl.core.types import Episode
 from scope_marl.envs.base import Task
-from scope_marl.rollout.engine import RolloutEngine
+from scope_marl.executor.base import EngineFactory, split_blocks
 
-EngineFactory = Callable[[], RolloutEngine]
 T = TypeVar("T")
 
 
@@ -49,7 +48,7 @@ def _require_ray():
     return ray
 
 
-def load_adapter_tensors(engine: RolloutEngine, adapters: dict[str, dict[str, Any]]) -> None:
+def load_adapter_tensors(engine, adapters: dict[str, dict[str, Any]]) -> None:
     """Copy adapter tensors (name -> peft state dict) into every engine model that holds that adapter."""
     models = {id(engine.agent.model): engine.agent.model}
     seat = engine.simulator.direct_seat()
@@ -115,7 +114,7 @@ class _Worker:
 
 
 class RayExecutor:
-    """Rollout workers as Ray actors; see the module doc."""
+    """Rollout workers as Ray actors; see the module doc. ``workers`` is how many plays run at once."""
 
     def __init__(
         self,
@@ -151,7 +150,22 @@ class RayExecutor:
             self._ray.get(worker.load.remote(self._ray.put(self._latest), self.version, self._simulator_id))
         return worker
 
-    def push(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> None:
+    @property
+    def parallelism(self) -> int:
+        return len(self.workers)
+
+    def describe(self) -> str:
+        return f"{len(self.workers)} Ray worker(s)"
+
+    def portable(self, agent):
+        """What an evaluation job carries to a worker: the agent as data that pickles."""
+        return agent.recipe()
+
+    def push(self, source, names: Sequence[str], version: int, simulator_id: str | None = None) -> None:
+        """Send adapters ``names`` of the learner's model ``source`` to every worker (see :meth:`send`)."""
+        self.send({name: source.adapter_tensors(name) for name in names}, version, simulator_id)
+
+    def send(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> None:
         """Send changed adapter tensors to every worker once (one object-store copy), tagged ``version``
         (and the simulator's new id, when a pool member was loaded into its adapter)."""
         ref = self._ray.put(adapters)
@@ -160,7 +174,7 @@ class RayExecutor:
         self._simulator_id = simulator_id or self._simulator_id
         self.version = version
 
-    def run(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
+    def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
         """Play ``tasks`` (one group each, numbered from ``first_group``) across the workers, in task order."""
         blocks = split_blocks(len(tasks), len(self.workers))
         pending = {}
@@ -220,14 +234,3 @@ class RayExecutor:
         self.workers = []
         if self._started_ray:
             self._ray.shutdown()
-
-
-def split_blocks(n: int, parts: int) -> list[tuple[int, int]]:
-    """``n`` groups cut into ``parts`` contiguous blocks whose sizes differ by at most one."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for p in range(parts):
-        stop = start + base + (1 if p < extra else 0)
-        out.append((start, stop))
-        start = stop
-    return out

@@ -1,10 +1,13 @@
 """One arm, one seed of the LLM-policy lab: the agent's GRPO updates by the project's Learner, the
 simulators' by the tabular lab's, held-out evaluation, and a checkpoint after every step.
 
-A run's directory holds ``state.pt`` (adapter, optimizers, random state, curve; written atomically
-after every step), the snapshot pool of population co-training, and ``result.json`` once finished.
-A run that stops at any moment resumes from its last whole step and ends as if it had never
-stopped: every random draw comes from the saved generator or from seeds derived per step.
+A run's directory is a :class:`~scope_marl.training.run_dir.RunDir` like ``scope train``'s: locked while
+it trains, ``metrics.jsonl`` (one line per step), ``checkpoints/step-NNNNNN/`` after every step (the
+agent's adapter, both optimizers, the random states and the curve so far; atomic, with a manifest of
+hashes, the last two kept), the snapshot pool of population co-training, and ``result.json`` once
+finished. A run that stops at any moment (mid-checkpoint too) resumes from its last whole step and
+ends as if it had never stopped: every random draw comes from the saved generators or from seeds
+derived per step.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.config.train import LearnerConfig
-from scope_marl.core import files
+from scope_marl.core import files, run_layout
 from scope_marl.core.seeds import derive_seed
 from scope_marl.evaluation.diversity import distinct_n
 from scope_marl.lab.arms import LLMSettings, opponent
@@ -30,10 +33,15 @@ from scope_marl.lab.games import Game
 from scope_marl.lab.llm_agent import ROLE, LLMAgent
 from scope_marl.lab.loop import EVAL_SEED, update_simulator
 from scope_marl.simulators.base import Simulator
+from scope_marl.training import checkpoint
 from scope_marl.training.learner import Learner
+from scope_marl.training.run_dir import RunDir
 
-STATE_FILE = "state.pt"
+COMMAND = "scope lab --policy llm"
+LEGACY_STATE = "state.pt"  # what releases before the shared run directory wrote
 RESULT_FILE = "result.json"
+SIMULATOR = "simulator"  # the tabular simulator's optimizer, in a checkpoint's optimizers
+KEEP_LAST = 2  # checkpoints kept: the newest, and one to fall back on if it is damaged
 EXAMPLES = 4  # example dialogues kept per evaluation point
 
 
@@ -121,30 +129,61 @@ def train_llm_arm(
     ``start_point`` is the untrained agent's evaluation (the same for every arm and seed: a new adapter
     is the base model). ``progress(step, seconds)`` is called after every step with that step's time.
     """
-    workdir.mkdir(parents=True, exist_ok=True)
     done = workdir / RESULT_FILE
     if done.exists():
         return json.loads(done.read_text())
+    run = RunDir(workdir, COMMAND).acquire()
+    try:
+        return _train(run, chat, game, arm, seed, s, panel, start_point, progress)
+    finally:
+        run.release()
+
+
+def _train(
+    run: RunDir,
+    chat: HFChatModel,
+    game: Game,
+    arm: str,
+    seed: int,
+    s: LLMSettings,
+    panel: list,
+    start_point: dict,
+    progress: Callable[[int, float], None],
+) -> dict:
+    workdir = run.path
+    if (workdir / LEGACY_STATE).exists() and not run.checkpointed_step():
+        raise ValueError(
+            f"{workdir} holds a {LEGACY_STATE} written by an older release; finish that run with it, or remove {workdir} "
+            "to train this arm and seed again"
+        )
     reset_adapter(chat, s, seed)
     agent = LLMAgent(chat, game, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
     learner = Learner(chat, ROLE, ROLE, s.temperature, LearnerConfig(lr=s.lr, kl_coef=s.kl_coef))
     generator = torch.Generator().manual_seed(seed)
-    state_path = workdir / STATE_FILE
-    state = torch.load(state_path, weights_only=False) if state_path.exists() else None
-    opp = opponent(arm, game, s, seed, workdir, resume_step=state["step"] if state else None)
+    resumed = run.checkpointed_step() > 0
+    state: dict = {}
+
+    def load(path: Path) -> None:
+        saved, optimizers, rng = checkpoint.load_state(path)
+        chat.load_adapter_weights(ROLE, run_layout.saved_adapter(path, ROLE))
+        learner.optimizer.load_state_dict(optimizers[ROLE])
+        state.update(saved, optimizers=optimizers, rng=rng)
+
+    if resumed:
+        run.load_newest_checkpoint(load, print)
+        run.trim_metrics(state["step"], print)
+    opp = opponent(arm, game, s, seed, workdir, resume_step=state["step"] if resumed else None)
     sim_optimizer = torch.optim.Adam([opp.trainable.logits], lr=s.sim_lr) if opp.trainable else None
-    curve, rewards, gaps, step0, seconds = [], [], [], 0, 0.0
-    if state:
-        chat.set_adapter_tensors(ROLE, state["adapter"])
-        learner.optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
+    if resumed:
+        checkpoint.restore_rng(state["rng"])
+        generator.set_state(state["rng"]["engine"]["generator"])
         if opp.trainable is not None:
             with torch.no_grad():
-                opp.trainable.logits.copy_(state["simulator"])
-            sim_optimizer.load_state_dict(state["sim_optimizer"])
+                opp.trainable.logits.copy_(state["rng"]["engine"]["simulator"])
+            sim_optimizer.load_state_dict(state["optimizers"][SIMULATOR])
         curve, rewards, gaps, step0, seconds = state["curve"], state["rewards"], state["gaps"], state["step"], state["seconds"]
     else:
-        curve = [{"step": 0, "train_reward": None, **start_point}]
+        curve, rewards, gaps, step0, seconds = [{"step": 0, "train_reward": None, **start_point}], [], [], 0, 0.0
 
     for step in range(step0, s.steps):
         started = time.perf_counter()
@@ -168,21 +207,22 @@ def train_llm_arm(
         if (step + 1) % s.eval_every == 0 or step + 1 == s.steps:
             window = rewards[-s.eval_every :]
             curve.append({"step": step + 1, "train_reward": sum(window) / len(window), **evaluate_llm(agent, game, panel, s)})
-        seconds += time.perf_counter() - started
-        state = {
-            "step": step + 1,
-            "adapter": chat.adapter_tensors(ROLE),
-            "optimizer": learner.optimizer.state_dict(),
-            "generator": generator.get_state(),
-            "simulator": opp.trainable.logits.detach().clone() if opp.trainable is not None else None,
-            "sim_optimizer": sim_optimizer.state_dict() if sim_optimizer is not None else None,
-            "curve": curve,
-            "rewards": rewards,
-            "gaps": gaps,
-            "seconds": seconds,
-        }
-        with files.atomic_file(state_path, "wb", encoding=None) as f:
-            torch.save(state, f)
+        step_s = time.perf_counter() - started
+        seconds += step_s
+        run.append_metrics({"step": step + 1, "train_reward": rewards[-1], "logprob_gap": gaps[-1], "step_s": step_s})
+        optimizers = {ROLE: learner.optimizer} | ({SIMULATOR: sim_optimizer} if sim_optimizer is not None else {})
+        run.save_checkpoint(
+            step + 1,
+            KEEP_LAST,
+            chat=chat,
+            adapters=[ROLE],
+            optimizers=optimizers,
+            state={"curve": curve, "rewards": rewards, "gaps": gaps, "seconds": seconds},
+            engine_state={
+                "generator": generator.get_state(),
+                "simulator": opp.trainable.logits.detach().clone() if opp.trainable is not None else None,
+            },
+        )
         progress(step + 1, time.perf_counter() - started)
 
     result = {
@@ -194,5 +234,5 @@ def train_llm_arm(
         "max_logprob_gap": max(gaps, default=0.0),
         "seconds": seconds,
     }
-    files.write_json(done, result)
+    files.write_json(workdir / RESULT_FILE, result)
     return result

@@ -22,10 +22,11 @@ from scope_marl.evaluation.report import write_html
 from scope_marl.lab.arms import ARMS, LLM_QUICK, LLM_SETTINGS, LLMSettings
 from scope_marl.lab.games import load_game
 from scope_marl.lab.llm_agent import LLMAgent
-from scope_marl.lab.llm_loop import STATE_FILE, evaluate_llm, reset_adapter, train_llm_arm
+from scope_marl.lab.llm_loop import RESULT_FILE, evaluate_llm, reset_adapter, train_llm_arm
 from scope_marl.lab.panel import HELDOUT_PANEL, build_panel, load_panel
 from scope_marl.lab.report import llm_report_markdown, plot_llm
 from scope_marl.lab.run import checked_arms, paired_with_single, panel_file, summarize
+from scope_marl.training.run_dir import RunDir
 
 LLM_ARMS = ("single", "vs_prob", "rotation", "cotrain", "population")
 LLM_METRICS = ("train_reward", "heldout_reward", "strategy_entropy", "distinct2", "other_share")
@@ -149,11 +150,7 @@ def run_name(arm: str, seed: int) -> str:
 
 def steps_done(workdir: Path, steps: int) -> int:
     """Steps a run directory already holds (for the ETA of a resumed run)."""
-    if (workdir / "result.json").exists():
-        return steps
-    if (workdir / STATE_FILE).exists():
-        return int(torch.load(workdir / STATE_FILE, weights_only=False)["step"])
-    return 0
+    return steps if (workdir / RESULT_FILE).exists() else RunDir(workdir).checkpointed_step()
 
 
 def clock(seconds: float) -> str:

@@ -14,14 +14,30 @@ from scope_marl.core import files
 from scope_marl.core.types import Episode, EpisodeStatus
 from scope_marl.simulators.base import Simulator
 
+BATCH_GLOB = "episodes-*.jsonl"
+
 
 class RolloutRecorder:
+    """Numbered batch files ``episodes-NNNNN.jsonl`` in ``out_dir``, numbered on after those already there."""
+
     def __init__(self, out_dir: str | os.PathLike):
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise NotADirectoryError(f"{self.out_dir} is a file; the output must be a folder (existing batches in it are kept)")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.batches = len(list(self.out_dir.glob("episodes-*.jsonl")))  # continue numbering, never overwrite
+        self.batches = len(list(self.out_dir.glob(BATCH_GLOB)))  # continue numbering, never overwrite
+
+    @staticmethod
+    def batch_number(path: Path) -> int:
+        return int(path.stem.split("-")[1])
+
+    @classmethod
+    def remove_batches_from(cls, out_dir: str | os.PathLike, first: int) -> int:
+        """Delete the batches numbered ``first`` and later (a resumed run plays them again); how many went."""
+        later = [p for p in Path(out_dir).glob(BATCH_GLOB) if cls.batch_number(p) >= first]
+        for path in later:
+            path.unlink()
+        return len(later)
 
     def write_batch(self, episodes: Sequence[Episode]) -> Path:
         path = self.out_dir / f"episodes-{self.batches:05d}.jsonl"

@@ -345,6 +345,11 @@ class SimulatorPool:
     def manifest_path(self) -> Path:
         return self.root / MANIFEST_NAME
 
+    @staticmethod
+    def exists(root: str | os.PathLike[str]) -> bool:
+        """Whether ``root`` holds a pool (its manifest)."""
+        return (Path(root) / MANIFEST_NAME).exists()
+
     def _save(self, durable: bool = True) -> None:
         version, internal, gauss_next = self._rng.getstate()
         manifest = _Manifest(

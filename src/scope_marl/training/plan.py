@@ -539,7 +539,7 @@ def gather(cfg, gpus: int | None = None, gpu_memory_gib: float | None = None, me
 
 
 def _lora_adapters(cfg) -> dict[str, object]:
-    """The LoRA adapters a LoRA run of this config adds (``trainer.add_run_adapters``): the agent's and,
+    """The LoRA adapters a LoRA run of this config adds (``training.policies.add_run_adapters``): the agent's and,
     in co-training, the simulator's (its saved ``init`` adapter's own config when it starts from one)."""
     from peft import LoraConfig, PeftConfig
 
@@ -590,7 +590,7 @@ def estimate(facts: Facts, knobs: Knobs) -> Plan:
         raise PlanError(
             "hardware.parallel: fsdp shards a fully fine-tuned agent (finetune: full); LoRA runs keep a whole base on every rank"
         )
-    # training.trainer.shards_agent: sharded when asked for, or for float32 master weights under bfloat16.
+    # training.policies.shards_agent: sharded when asked for, or for float32 master weights under bfloat16.
     sharded = full and (knobs.parallel == "fsdp" or facts.dtype != "float32")
     shard_ranks = ranks if knobs.parallel == "fsdp" else 1
     parts: list[Part] = []

@@ -26,7 +26,6 @@ with ``finetune: full``, ``RUN_DIR/model`` is a model directory (``hf:RUN_DIR/mo
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
@@ -40,16 +39,16 @@ from scope_marl.assembly import ModelCache, build_env
 from scope_marl.backends import load_backend
 from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.placement import resolve_placement
-from scope_marl.config import LearnerConfig, SFTConfig, dump_config
+from scope_marl.config import LearnerConfig, SFTConfig
 from scope_marl.core import files, run_layout
-from scope_marl.core.run_lock import RunLock
 from scope_marl.core.seeds import shuffled_position
 from scope_marl.core.types import Message, RoleStream
 from scope_marl.envs import USER, role_view
 from scope_marl.training import checkpoint
 from scope_marl.training.learner import Learner
-from scope_marl.training.trainer import truncate_metrics
+from scope_marl.training.run_dir import RunDir
 
+COMMAND = "scope sft"
 ADAPTER = "simulator"
 EXPORT_ADAPTER = "adapter"  # RUN_DIR/adapter: the trained simulator adapter, peft layout
 EXPORT_MODEL = "model"  # RUN_DIR/model: the fully fine-tuned simulator (finetune: full)
@@ -103,9 +102,10 @@ def encode(chat: HFChatModel, turn: Turn) -> RoleStream:
 class SFTRun:
     """One ``scope sft`` run in a run directory (locked while it lives, like ``scope train``)."""
 
-    def __init__(self, cfg: SFTConfig, run_dir: str | Path, lock: RunLock | None = None):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.lock = lock if lock is not None and lock.held else RunLock(self.run_dir).acquire()
+    def __init__(self, cfg: SFTConfig, run: RunDir | str | Path):
+        self.dir = run if isinstance(run, RunDir) else RunDir(run, COMMAND)
+        self.dir.acquire()
+        self.cfg, self.run_dir = cfg, self.dir.path
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
@@ -147,7 +147,6 @@ class SFTRun:
         self.learner = Learner(self.policy, USER, self.adapter, 1.0, learner)
         self.steps = max(1, round(len(self.train) * cfg.epochs / cfg.batch_size))
         self.step = 0
-        self.metrics_path = self.run_dir / run_layout.METRICS
 
     # ---- data ----------------------------------------------------------------------------------
     def batch(self, step: int) -> list[RoleStream]:
@@ -172,8 +171,7 @@ class SFTRun:
         if self.step == self.steps or (every and self.step % every == 0):
             record["val_loss"] = self.validation_loss()
         record["step_s"] = time.perf_counter() - started
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.dir.append_metrics(record)
         if self.step % self.cfg.checkpoint_every == 0 or self.step == self.steps:
             self.save()
         return record
@@ -195,23 +193,21 @@ class SFTRun:
         return records
 
     def close(self) -> None:
-        self.lock.release()
+        self.dir.release()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> Path:
         full = self.adapter is None
-        path = checkpoint.save(
-            self.run_dir,
+        return self.dir.save_checkpoint(
             self.step,
-            self.chat,
-            [] if full else [ADAPTER],
-            {USER: self.learner.optimizer},
-            {"steps": self.steps},
-            {},
+            self.cfg.keep_last,
+            chat=self.chat,
+            adapters=[] if full else [ADAPTER],
+            optimizers={USER: self.learner.optimizer},
+            state={"steps": self.steps},
+            engine_state={},
             weights={ADAPTER: self.policy} if full else None,
         )
-        checkpoint.prune(self.run_dir, self.cfg.keep_last, None)
-        return path
 
     def export(self) -> Path:
         """The trained simulator where configs can name it: RUN_DIR/adapter (or RUN_DIR/model)."""
@@ -228,8 +224,8 @@ class SFTRun:
     def restore(self, log: Callable[[str], None] = print) -> SFTRun:
         """Continue from the newest whole checkpoint (weights, optimizer, RNG, step); metric lines of
         later steps go, so each step appears once."""
-        checkpoint.load_newest(self.run_dir, self._load_checkpoint, log, command="scope sft CONFIG --out NEW_DIR")
-        truncate_metrics(self.metrics_path, self.step, log)
+        self.dir.load_newest_checkpoint(self._load_checkpoint, log)
+        self.dir.trim_metrics(self.step, log)
         return self
 
     def _load_checkpoint(self, path: Path) -> None:
@@ -245,27 +241,14 @@ class SFTRun:
 
 def start_sft(cfg: SFTConfig, run_dir: str | Path) -> SFTRun:
     """A new ``scope sft`` run (refused where a run already is), its config saved beside it."""
-    lock = RunLock(run_dir).acquire()
-    try:
-        if (Path(run_dir) / run_layout.METRICS).exists():
-            raise FileExistsError(f"{run_dir} already holds a run; continue it with: scope sft --resume {run_dir}")
-        run = SFTRun(cfg, run_dir, lock)
-    except BaseException:
-        lock.release()
-        raise
-    dump_config(cfg, Path(run_dir) / run_layout.CONFIG)
-    return run
+    run = RunDir.new(run_dir, COMMAND)
+    with run.released_on_error():
+        sft = SFTRun(cfg, run)
+    run.write_config(cfg)
+    return sft
 
 
 def resume_sft(run_dir: str | Path, log: Callable[[str], None] = print) -> SFTRun:
-    from scope_marl.config import load_config
-
-    path = Path(run_dir) / run_layout.CONFIG
-    if not path.exists():
-        raise FileNotFoundError(f"{run_dir} has no {run_layout.CONFIG}: is it a run directory written by scope sft?")
-    lock = RunLock(run_dir).acquire()
-    try:
-        return SFTRun(load_config(path, SFTConfig), run_dir, lock).restore(log)
-    except BaseException:
-        lock.release()
-        raise
+    run = RunDir.existing(run_dir, COMMAND)
+    with run.released_on_error():
+        return SFTRun(run.read_config(SFTConfig), run).restore(log)

@@ -134,10 +134,6 @@ class Tau2(Environment):
         return self._cache["environment"]
 
     # ---- the Environment interface ----------------------------------------------------------------
-    def split_names(self) -> list[str]:
-        self._tau2_tasks()
-        return sorted(self._cache["splits"])
-
     def tasks(self, split: str = "train") -> list[Task]:
         by_id = self._tau2_tasks()
         splits = self._cache["splits"]

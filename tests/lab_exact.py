@@ -4,7 +4,8 @@ For games whose outcome is the last-act term only (``theory``), the pair (person
 previous act) is a Markov state, so the expected reward is a sum over turns of the probability of
 ending there times what that ending is worth. This is the paper's formal argument in code: the
 policy that is best against a collapsed simulator can be computed and played against humans.
-Training never uses it; the design check of the theory game and docs/lab.md do.
+Training never uses it, so it lives with the tests: the design check of the theory game
+(tests/test_lab.py) uses it, and docs/lab.md quotes it.
 """
 
 from __future__ import annotations

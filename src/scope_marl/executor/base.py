@@ -1,0 +1,92 @@
+"""The executor interface: where a step's rollouts (and an evaluation's jobs) are played.
+
+The trainer, ``scope rollout`` and evaluation see only this interface; :func:`scope_marl.executor.open_executor`
+picks the implementation once, from the config:
+
+- ``local``: the engine in this process (:class:`LocalExecutor`);
+- a ``sampler`` server: the engine in this process, its seats on the server, which receives the
+  learner's adapters through disk (:class:`~scope_marl.executor.sampler.SamplerExecutor`);
+- data-parallel ranks (torchrun): each rank plays its block of the groups and every rank gets every
+  episode (:class:`~scope_marl.executor.ranks.RankExecutor`);
+- ``ray``: workers that are Ray actors, each with its own engine; adapters go as tensors through the
+  object store (:class:`~scope_marl.executor.ray_workers.RayExecutor`).
+
+Every implementation plays a group under the number the local engine would give it, so all of them
+sample the same episodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from scope_marl.core.types import Episode
+from scope_marl.envs.base import Task
+from scope_marl.rollout.engine import RolloutEngine
+
+EngineFactory = Callable[[], RolloutEngine]
+T = TypeVar("T")
+
+
+class Executor(Protocol):
+    parallelism: int  # how many plays run at once (an evaluation cuts its jobs for them)
+
+    def push(self, source, names: Sequence[str], version: int, simulator_id: str | None = None) -> None:
+        """Make the players use adapters ``names`` as they now are on the learner's model ``source``
+        (tagged ``version``; ``simulator_id``: a pool member now plays in the simulator's adapter)."""
+
+    def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
+        """One group per task, numbered from ``first_group``; episodes in task order."""
+
+    def map(self, jobs: Sequence[Callable[[], T]]) -> list[T]:
+        """Run zero-argument jobs where the players are; results in job order."""
+
+    def portable(self, agent):
+        """What a job carries to play ``agent`` (an evaluation's ``AgentUnderTest``) where the jobs run."""
+
+    def describe(self) -> str:
+        """Where the plays run, for log lines."""
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """The engine in this process: adapters are already the learner's own (they share its model)."""
+
+    parallelism = 1
+
+    def __init__(self, engine: RolloutEngine | None = None):
+        self.engine = engine  # None: an executor for jobs only (scope eval)
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.engine.stats.generated_tokens if self.engine is not None else 0
+
+    def push(self, source, names: Sequence[str], version: int, simulator_id: str | None = None) -> None:
+        pass  # the engine plays on the learner's model itself
+
+    def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
+        return self.engine.run(tasks, first_group=first_group)
+
+    def map(self, jobs: Sequence[Callable[[], T]]) -> list[T]:
+        return [job() for job in jobs]
+
+    def portable(self, agent):
+        return agent  # jobs run here: the live agent itself
+
+    def describe(self) -> str:
+        return "this process"
+
+    def close(self) -> None:
+        pass
+
+
+def split_blocks(n: int, parts: int) -> list[tuple[int, int]]:
+    """``n`` groups cut into ``parts`` contiguous blocks whose sizes differ by at most one."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for p in range(parts):
+        stop = start + base + (1 if p < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out

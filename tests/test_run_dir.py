@@ -1,0 +1,68 @@
+"""The run-directory lifecycle every kind of run shares (training.run_dir.RunDir): one process per run,
+start versus resume, metrics trimmed on resume, and a run's own config from an older release."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from scope_marl.config import ConfigError, TrainConfig, dump_config, load_config
+from scope_marl.core.run_lock import RunLocked
+from scope_marl.rollout import RolloutRecorder
+from scope_marl.training.run_dir import RunDir
+
+
+def test_a_new_run_is_refused_where_a_run_already_is_and_a_resume_where_none_is(tmp_path):
+    run = RunDir.new(tmp_path / "run", "scope sft")
+    run.append_metrics({"step": 1})
+    with pytest.raises(RunLocked):
+        RunDir.new(tmp_path / "run", "scope sft")  # while the first holds it
+    run.release()
+    with pytest.raises(FileExistsError, match=r"continue it with: scope sft --resume .*run"):
+        RunDir.new(tmp_path / "run", "scope sft")
+    with pytest.raises(FileNotFoundError, match="is it a run directory written by scope sft"):
+        RunDir.existing(tmp_path / "elsewhere", "scope sft")
+    assert not (tmp_path / "elsewhere").exists(), "a refused resume creates nothing"
+
+
+def test_a_failed_start_releases_the_lock(tmp_path):
+    run = RunDir.new(tmp_path / "run")
+    with pytest.raises(ValueError), run.released_on_error():
+        raise ValueError("the model could not load")
+    RunDir.new(tmp_path / "run").release()  # free again
+
+
+def test_resume_trims_later_metrics_a_torn_line_and_later_rollout_batches(tmp_path):
+    run = RunDir.new(tmp_path / "run")
+    for step in (1, 2, 3):
+        run.append_metrics({"step": step})
+    with run.metrics_path.open("a") as f:
+        f.write('{"step": 4, "rew')  # a crash mid-append
+    recorder = RolloutRecorder(run.rollouts)
+    for _ in range(4):
+        recorder.write_batch([])
+    messages = []
+    run.trim_metrics(2, messages.append)
+    run.trim_rollouts(2, messages.append)
+    assert [json.loads(line)["step"] for line in run.metrics_path.read_text().splitlines()] == [1, 2]
+    assert sorted(p.name for p in run.rollouts.iterdir()) == ["episodes-00000.jsonl", "episodes-00001.jsonl"]
+    assert any("torn last line" in m for m in messages) and any("removed 2 rollout batch(es)" in m for m in messages)
+    run.metrics_path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not a metrics record"):
+        run.trim_metrics(2, messages.append)  # damage in the middle is not a torn write: the user decides
+
+
+@pytest.mark.parametrize(("old", "baseline"), [({"constant_groups": "zero"}, "group"), ({"constant_groups": "batch"}, "group_else_batch")])
+def test_a_runs_own_config_from_an_older_release_resumes_with_its_meaning(tmp_path, old, baseline):
+    """Every run saved before constant_groups was folded into baseline holds the key; a config a user
+    writes with it is refused, naming the replacement."""
+    run = RunDir.new(tmp_path / "run")
+    dump_config(TrainConfig(), run.path / "config.yaml")
+    data = yaml.safe_load((run.path / "config.yaml").read_text())
+    data["learner"].update(old)
+    (run.path / "config.yaml").write_text(yaml.safe_dump(data))
+    assert run.read_config(TrainConfig).learner.baseline == baseline
+    with pytest.raises(ConfigError, match="learner.constant_groups: constant_groups was removed"):
+        load_config(run.path / "config.yaml", TrainConfig)
