@@ -222,16 +222,23 @@ def _seat_model(cfg: LLMSimulatorFields, models: ModelCache) -> tuple[ChatModel,
     return model, cfg
 
 
-@register_simulator(FrozenSimulatorConfig)
-def _frozen(cfg: FrozenSimulatorConfig, models: ModelCache) -> Simulator:
-    model, cfg = _seat_model(cfg, models)
-    return FrozenSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+def _seated(simulator_class):
+    """The builder of a simulator that is one seat: ``simulator_class(model, sampling, prompt_prefix, adapter)``."""
+
+    def build(cfg: LLMSimulatorFields, models: ModelCache) -> Simulator:
+        model, cfg = _seat_model(cfg, models)
+        return simulator_class(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+
+    return build
+
+
+register_simulator(FrozenSimulatorConfig)(_seated(FrozenSimulator))
+register_simulator(TrainableSimulatorConfig)(_seated(TrainableSimulator))
 
 
 @register_simulator(PersonaGuidedConfig)
 def _persona_guided(cfg: PersonaGuidedConfig, models: ModelCache) -> Simulator:
-    model, cfg = _seat_model(cfg, models)
-    frozen = FrozenSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
+    frozen = _seated(FrozenSimulator)(cfg, models)
     guided = persona_guided(frozen, cfg.guidance or PERSONA_GUIDANCE)
     if cfg.id:
         guided.simulator_id = cfg.id
@@ -245,12 +252,6 @@ def _verbalized(cfg: VerbalizedConfig, models: ModelCache) -> Simulator:
     model, cfg = _seat_model(cfg, models)
     fields = "k method variant tail_threshold calls sampling prompt_prefix adapter max_retries constrained seed".split()
     return VerbalizedSampling(model, simulator_id=cfg.id, **{name: getattr(cfg, name) for name in fields})
-
-
-@register_simulator(TrainableSimulatorConfig)
-def _trainable(cfg: TrainableSimulatorConfig, models: ModelCache) -> Simulator:
-    model, cfg = _seat_model(cfg, models)
-    return TrainableSimulator(model, cfg.sampling, cfg.prompt_prefix, cfg.adapter, simulator_id=cfg.id)
 
 
 @register_simulator(PoolSimulatorConfig)

@@ -24,6 +24,13 @@ app = typer.Typer(
 console = Console()
 
 
+def command_group(name: str, help: str) -> typer.Typer:
+    """``scope NAME SUBCOMMAND``: a group of subcommands under the main app."""
+    group = typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(group, name=name)
+    return group
+
+
 DEBUG = {"on": False}
 
 
@@ -304,8 +311,8 @@ def _eval_humans(humans: list[str], out: Path, tasks: int | None, seed: int | No
 @guarded
 def sft(
     config: Path = typer.Argument(None, help="YAML config (schema: scope_marl.config.SFTConfig); omit with --resume"),
-    out: Path = typer.Option(None, "--out", "-o", help="run directory: config.yaml, metrics.jsonl, checkpoints/, adapter/"),
     resume: Path = typer.Option(None, "--resume", help="continue this run directory from its latest checkpoint"),
+    out: Path = typer.Option(None, "--out", "-o", help="run directory: config.yaml, metrics.jsonl, checkpoints/, adapter/"),
 ) -> None:
     """Fine-tune a user simulator on the P4G corpus's human persuadee turns (train split); validation
     loss on the validation split. The result, RUN_DIR/adapter, is a simulator anywhere one is named.
@@ -412,8 +419,7 @@ def lab(
     console.print(f"report: {out / 'report.md'} (plot: {out / 'collapse.png'}) in {time.perf_counter() - started:.0f}s", soft_wrap=True)
 
 
-diagnose_app = typer.Typer(help="Diagnostics of simulators and agents.", no_args_is_help=True, rich_markup_mode=None)
-app.add_typer(diagnose_app, name="diagnose")
+diagnose_app = command_group("diagnose", "Diagnostics of simulators and agents.")
 
 
 @diagnose_app.command("gamma")
@@ -461,8 +467,7 @@ def diagnose_gamma_command(
         console.print(f"written to {out}")
 
 
-data_app = typer.Typer(help="Benchmark data: download and check corpora.", no_args_is_help=True, rich_markup_mode=None)
-app.add_typer(data_app, name="data")
+data_app = command_group("data", "Benchmark data: download and check corpora.")
 
 
 @data_app.command("p4g")
@@ -486,8 +491,7 @@ def data_p4g(
     console.print(f"{folder}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()), soft_wrap=True)
 
 
-coop_app = typer.Typer(help="Cooperative coding (CooperBench's layout): score patches.", no_args_is_help=True, rich_markup_mode=None)
-app.add_typer(coop_app, name="coop")
+coop_app = command_group("coop", "Cooperative coding (CooperBench's layout): score patches.")
 
 
 @coop_app.command("score")
@@ -528,8 +532,7 @@ def coop_score(
     typer.echo(json.dumps(score.as_json(output=output), indent=2))
 
 
-study_app = typer.Typer(help="Human study: real people chat with trained agents in a browser.", no_args_is_help=True, rich_markup_mode=None)
-app.add_typer(study_app, name="study")
+study_app = command_group("study", "Human study: real people chat with trained agents in a browser.")
 STUDY_EXTRA = "the study server needs the study extra: pip install -e '.[study]'"
 
 
@@ -628,8 +631,7 @@ def study_report(
     console.print(f"report: {path}", soft_wrap=True)
 
 
-serve_app = typer.Typer(help="Model servers this project talks to over HTTP.", no_args_is_help=True, rich_markup_mode=None)
-app.add_typer(serve_app, name="serve")
+serve_app = command_group("serve", "Model servers this project talks to over HTTP.")
 
 
 @serve_app.command("vllm")

@@ -16,14 +16,13 @@ from pathlib import Path
 
 from scope_marl.assembly import build_env, build_rollout
 from scope_marl.config import RolloutRunConfig, TrainConfig, dump_config
-from scope_marl.core import run_layout
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.periodic import PanelEvaluator
 from scope_marl.executor import open_executor
 from scope_marl.rollout import RolloutRecorder, summarize
 from scope_marl.training import data_parallel
-from scope_marl.training.run_dir import RunDir, read_config
+from scope_marl.training.run_dir import RunDir
 from scope_marl.training.trainer import Trainer
 
 
@@ -73,9 +72,19 @@ def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
     """Continue a run from its own saved config and its newest valid checkpoint (refused while another
     process holds the run); ``log`` receives a warning for every damaged file skipped on the way."""
+    run, cfg = _open_existing(run_dir)
+    return _restored(run, cfg, log)
+
+
+def _open_existing(run_dir: str | Path) -> tuple[RunDir, TrainConfig]:
+    """A started run, locked (by the lead rank under torchrun), and the config it was started with."""
     run = RunDir.existing(run_dir, lead=data_parallel.rank() == 0)
     with run.released_on_error():
-        cfg = run.read_config(TrainConfig)
+        return run, run.read_config(TrainConfig)
+
+
+def _restored(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> Trainer:
+    with run.released_on_error():
         return Trainer(cfg, run, evaluator_for(cfg)).restore(log)
 
 
@@ -84,11 +93,16 @@ def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], Non
     the steps played. With ``executor: ray`` the trainer runs as a learner actor on the Ray cluster;
     launched by torchrun, this process is one data-parallel rank (``training.data_parallel``)."""
     data_parallel.join_from_environment()  # under torchrun: one rank of a data-parallel run
-    saved = Path(run_dir) / run_layout.CONFIG
-    executor = cfg.executor if cfg is not None else read_config(run_dir, TrainConfig).executor if saved.exists() else "local"
-    if executor == "ray":
-        return _train_on_ray(cfg, run_dir, log, progress)
-    trainer = start(cfg, run_dir) if cfg is not None else resume(run_dir, log)
+    if cfg is not None:
+        if cfg.executor == "ray":
+            return _train_on_ray(cfg, cfg.ray, run_dir, log, progress)
+        trainer = start(cfg, run_dir)
+    else:
+        run, saved = _open_existing(run_dir)
+        if saved.executor == "ray":
+            run.release()  # the learner actor resumes the run in its own process
+            return _train_on_ray(None, saved.ray, run_dir, log, progress)
+        trainer = _restored(run, saved, log)
     if trainer.lead:
         log(trainer.placement.describe() + (" (agent sharded with FSDP2)" if trainer.sharded else ""))
     return trainer.run(progress)
@@ -113,12 +127,11 @@ class _LearnerActor:
         self.trainer.close()
 
 
-def _train_on_ray(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None], progress: bool) -> list[dict]:
+def _train_on_ray(cfg: TrainConfig | None, settings, run_dir: str | Path, log: Callable[[str], None], progress: bool) -> list[dict]:
     from tqdm.auto import tqdm
 
     from scope_marl.executor.ray_workers import connect, raised_cause
 
-    settings = (cfg or read_config(run_dir, TrainConfig)).ray
     ray, started = connect(settings.address)
     actor = None
     try:

@@ -24,6 +24,12 @@ class ContextLengthError(BackendError):
 
 
 FinishReason = Literal["stop", "length"]
+# The arguments every backend's generate / generate_ids takes, named once: one entry per prompt each.
+Prompts = Sequence[Sequence[Message]]
+PromptIds = Sequence[Sequence[int]]
+Adapters = Sequence[str | None] | None  # an adapter name per prompt (None: the model itself)
+CacheKeys = Sequence[Hashable | None] | None  # a conversation key per prompt, for the prefix cache
+Seeds = Sequence[int] | None  # a sampling seed per prompt
 
 
 @dataclass
@@ -64,13 +70,7 @@ class ChatModel(Protocol):
 
     name: str
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[Message]],
-        sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        seeds: Sequence[int] | None = None,
-    ) -> list[Generation]: ...
+    def generate(self, prompts: Prompts, sampling: SamplingParams, adapters: Adapters = None, seeds: Seeds = None) -> list[Generation]: ...
 
 
 @runtime_checkable
@@ -90,12 +90,7 @@ class TokenChatModel(ChatModel, Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def generate_ids(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        cache_keys: Sequence[Hashable | None] | None = None,
-        seeds: Sequence[int] | None = None,
+        self, prompt_ids: PromptIds, sampling: SamplingParams, adapters: Adapters = None, cache_keys: CacheKeys = None, seeds: Seeds = None
     ) -> list[Generation]: ...
 
     def release(self, cache_keys: Iterable[Hashable]) -> None: ...

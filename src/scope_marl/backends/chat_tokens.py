@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scope_marl.backends.base import Generation
+from scope_marl.backends.base import Adapters, Generation, Prompts, Seeds
 from scope_marl.core.types import Message, SamplingParams
 
 
@@ -51,11 +51,5 @@ class ChatTokens:
         """Exact text of token ids, special tokens included."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[Message]],
-        sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        seeds: Sequence[int] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: Prompts, sampling: SamplingParams, adapters: Adapters = None, seeds: Seeds = None) -> list[Generation]:
         return self.generate_ids([self.encode_chat(p) for p in prompts], sampling, adapters, seeds=seeds)

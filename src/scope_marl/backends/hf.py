@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+import scope_marl.backends.base as base
 from scope_marl.backends.base import (
     BackendError,
     ContextLengthError,
@@ -192,11 +193,11 @@ class HFChatModel(ChatTokens):
 
     def generate_ids(
         self,
-        prompt_ids: Sequence[Sequence[int]],
+        prompt_ids: base.PromptIds,
         sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        cache_keys: Sequence[Hashable | None] | None = None,
-        seeds: Sequence[int] | None = None,
+        adapters: base.Adapters = None,
+        cache_keys: base.CacheKeys = None,
+        seeds: base.Seeds = None,
         on_token: Callable[[int, int], None] | None = None,
     ) -> list[Generation]:
         """Generate from token ids; order is preserved. The prompts share one continuous batch of at

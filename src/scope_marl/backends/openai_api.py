@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import openai
 
-from scope_marl.backends.base import BackendError, Generation, SamplingParams, check_adapters, cut_at_stop
+from scope_marl.backends.base import Adapters, BackendError, Generation, Prompts, SamplingParams, Seeds, check_adapters, cut_at_stop
 from scope_marl.core.types import Message
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -95,10 +95,10 @@ class OpenAIChatModel:
 
     def generate(
         self,
-        prompts: Sequence[Sequence[Message]],
+        prompts: Prompts,
         sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        seeds: Sequence[int] | None = None,
+        adapters: Adapters = None,
+        seeds: Seeds = None,
         *,
         response_format: dict | None = None,
     ) -> list[Generation]:

@@ -39,9 +39,9 @@ class RemoteSession:
         self,
         prompt_ids: list[int],
         adapter: str | None = None,
-        key: Hashable | None = None,
+        key: Hashable | None = None,  # unused: the server's prefix cache finds a conversation's turns itself
         seed: int | None = None,
-        on_token: Callable[[int], None] | None = None,
+        on_token: Callable[[int], None] | None = None,  # refused: a server's replies come whole
         tag: Any = None,
     ) -> None:
         """Send a prompt; its generation comes back from a later :meth:`step` with ``tag``. ``key``
@@ -52,6 +52,7 @@ class RemoteSession:
 
     @property
     def busy(self) -> bool:
+        """Whether any request is still in flight."""
         return bool(self._in_flight)
 
     @property

@@ -34,7 +34,17 @@ from pathlib import Path
 
 import httpx
 
-from scope_marl.backends.base import BackendError, ContextLengthError, Generation, check_adapters, cut_at_stop
+from scope_marl.backends.base import (
+    Adapters,
+    BackendError,
+    CacheKeys,
+    ContextLengthError,
+    Generation,
+    PromptIds,
+    Seeds,
+    check_adapters,
+    cut_at_stop,
+)
 from scope_marl.backends.chat_tokens import ChatTokens
 from scope_marl.backends.remote_session import RemoteSession
 from scope_marl.core.seeds import derive_seed
@@ -140,12 +150,7 @@ class VLLMChatModel(ChatTokens):
 
     # ---- generation ------------------------------------------------------------------------------
     def generate_ids(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        sampling: SamplingParams,
-        adapters: Sequence[str | None] | None = None,
-        cache_keys: Sequence[Hashable | None] | None = None,
-        seeds: Sequence[int] | None = None,
+        self, prompt_ids: PromptIds, sampling: SamplingParams, adapters: Adapters = None, cache_keys: CacheKeys = None, seeds: Seeds = None
     ) -> list[Generation]:
         """One completion per prompt, token ids in and out (the server's prefix cache plays the role of ``cache_keys``)."""
         n = len(prompt_ids)

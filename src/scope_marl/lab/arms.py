@@ -41,15 +41,19 @@ class Settings(Section):
     steps: int = Field(150, ge=1)
     groups: int = Field(8, ge=1, description="tasks (personas) per step, one GRPO group each")
     group_size: int = Field(8, ge=1)
+    # the agent's update
     lr: float = Field(0.1, gt=0, description="Adam on the agent's logits")
     kl_coef: float = Field(0.01, ge=0, description="k3 KL to the initial (uniform) policy, the release's value")
+    # the trainable simulator's update and its snapshot pool
     sim_lr: float = Field(0.3, gt=0, description="Adam on the trainable simulator's logits")
     sim_kl_coef: float = Field(0.5, ge=0, description="k3 KL of the trainable simulator to its initial distribution")
     pool_every: int = Field(5, ge=1, description="a pool snapshot every N steps (release: 16, in runs of hundreds of steps)")
-    pool_size: int = Field(10, ge=2, description="release default")
+    pool_size: int = Field(10, ge=2)  # the release's default
+    # held-out evaluation
     eval_every: int = Field(15, ge=1)
     eval_groups: int = Field(64, ge=1, description="per held-out simulator")
     eval_group_size: int = Field(8, ge=1)
+    # the simulators: an assumption of the lab, never tuned
     train_gamma: float = Field(4.0, gt=0, description="the training LLM's collapse")
     train_adherence: float = Field(0.0, ge=0, le=1, description="... and it ignores the persona it is given")
     rotation: tuple[tuple[float, float], ...] = Field(((4.0, 0.0), (3.0, 0.2), (6.0, 0.1)), description="(gamma, adherence) of K = 3 LLMs")

@@ -132,23 +132,12 @@ def train_llm_arm(
     done = workdir / RESULT_FILE
     if done.exists():
         return json.loads(done.read_text())
-    run = RunDir(workdir, COMMAND).acquire()
-    try:
+    with RunDir(workdir, COMMAND) as run:  # locked while it trains, like scope train's runs
         return _train(run, chat, game, arm, seed, s, panel, start_point, progress)
-    finally:
-        run.release()
 
 
 def _train(
-    run: RunDir,
-    chat: HFChatModel,
-    game: Game,
-    arm: str,
-    seed: int,
-    s: LLMSettings,
-    panel: list,
-    start_point: dict,
-    progress: Callable[[int, float], None],
+    run: RunDir, chat: HFChatModel, game: Game, arm: str, seed: int, s: LLMSettings, panel: list, start_point: dict, progress
 ) -> dict:
     workdir = run.path
     if (workdir / LEGACY_STATE).exists() and not run.checkpointed_step():

@@ -79,6 +79,12 @@ class RunDir:
         if self.lock is not None:
             self.lock.release()
 
+    def __enter__(self) -> RunDir:
+        return self.acquire()
+
+    def __exit__(self, *_exc) -> None:
+        self.release()
+
     @contextlib.contextmanager
     def released_on_error(self) -> Iterator[RunDir]:
         """Release the lock if the block fails (a run that could not start or resume holds nothing)."""

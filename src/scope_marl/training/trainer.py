@@ -104,16 +104,6 @@ class Trainer:
             else:
                 self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, learner)
         self.models = models
-        self.recorder = RolloutRecorder(self.dir.rollouts)
-        self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard and self.lead else None
-        self.population = (
-            Population(cfg.pool, cfg.seed, self.run_dir, self.chat, ADAPTERS[USER], self.engine, self.lead)
-            if cfg.pool is not None
-            else None
-        )
-        self.step = 0
-        self.cursor = 0
-        self.best: tuple[float, str] | None = None
         # Where the groups are played (this process, Ray workers, data-parallel ranks, a sampler server);
         # adapters changed since the last rollout are pushed to it before the next, tagged with the step.
         self._unsynced = self._run_adapters()
@@ -124,6 +114,16 @@ class Trainer:
             ranks=data_parallel,
             sampler_folder=self.run_dir / SAMPLER_ADAPTERS,
         )
+        self.recorder = RolloutRecorder(self.dir.rollouts)
+        self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard and self.lead else None
+        self.population = (
+            Population(cfg.pool, cfg.seed, self.run_dir, self.chat, ADAPTERS[USER], self.engine, self.lead)
+            if cfg.pool is not None
+            else None
+        )
+        self.step = 0
+        self.cursor = 0
+        self.best: tuple[float, str] | None = None
 
     @property
     def metrics_path(self) -> Path:

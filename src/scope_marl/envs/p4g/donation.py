@@ -312,8 +312,7 @@ _INTENT = _rx(
 # An imperative opening the clause (after at most one interjection): "take .50", "go ahead and
 # take", "finnne take the $1.25", "donate $1 for me", "make it $1".
 _IMPERATIVE = _rx(
-    r"^\W*(?:[a-z]+\W+)?(?:(?:then|please|just|go\s+ahead\s+and)\s+)?",
-    r"(?:take|deduct|put|use|donate|give|send|submit|pledge|contribute|make\s+it)\b",
+    r"^\W*(?:[a-z]+\W+)?(?:(?:then|please|just|go\s+ahead\s+and)\s+)?(?:take|deduct|put|use|donate|give|send|submit|pledge|contribute|make\s+it)\b"
 )
 # An offer, often as a question: "how about $1?", "Maybe 0.50?", "hows $0.50 sound?",
 # "is $20 okay?", "Could I pledge $1?", "Would $1 help?".
@@ -349,8 +348,7 @@ _PAYMENT_AFTER = _rx(
 # ...unless it is made or given: "make a $20 donation", "I'll donate my hard earned $0.30".
 _GIFT_NOUN_AFTER = _rx(r"^\s*(?:donation|contribution|pledge|gift|difference)\b")
 _GIVES_PAYMENT = _rx(
-    r"\b(?:donat\w*|give|giving|contribut\w*|pledg\w*|submit|send)\s+(?:all\s+(?:of\s+)?)?",
-    r"(?:my|the|this|that|our)\s+(?:[\w-]+\s+){0,2}$",
+    r"\b(?:donat\w*|give|giving|contribut\w*|pledg\w*|submit|send)\s+(?:all\s+(?:of\s+)?)?(?:my|the|this|that|our)\s+(?:[\w-]+\s+){0,2}$"
 )
 # A range from nothing quotes the task's choice rather than making one: "0 to 2 dollars".
 _ZERO = r"(?:\$\s*0|\b0|\bzero|\bnothing)(?:\.0+)?\s*(?:dollars?\s*)?"
@@ -376,8 +374,7 @@ _NEGATOR = _rx(
 )
 # ...except in phrases that do not deny the gift: hedges ("not sure", "don't mind") and idioms.
 _NOT_A_DENIAL = _rx(
-    r"\bnot\s+(?:sure|certain|much|a\s+lot|that\s+much|only|bad|a\s+problem)\b",
-    r"|\bno\s+(?:problem|doubt|matter|worries)\b",
+    r"\bnot\s+(?:sure|certain|much|a\s+lot|that\s+much|only|bad|a\s+problem)\b|\bno\s+(?:problem|doubt|matter|worries)\b",
     r"|(?:n't|\bnot|\bdont|\bcant)\s+(?:mind|hurt|hesitate|wait|go\s+wrong|help\s+but)\b",
     r"|\bwhy\s+not\b|\bif\s+not\b",
 )

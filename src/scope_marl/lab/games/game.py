@@ -81,9 +81,9 @@ class Game:
         """The 'previous act' index before the user's first reply."""
         return len(self.acts)
 
+    def persona_index(self, name: str) -> int:
+        return self.personas.index(name)
+
     @property
     def modal_persona(self) -> int:
         return int(self.weights.argmax())
-
-    def persona_index(self, name: str) -> int:
-        return self.personas.index(name)
