@@ -88,24 +88,30 @@ def _restored(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> Trai
         return Trainer(cfg, run, evaluator_for(cfg)).restore(log)
 
 
-def train(cfg: TrainConfig | None, run_dir: str | Path, log: Callable[[str], None] = print, progress: bool = True) -> list[dict]:
+def train(
+    cfg: TrainConfig | None,
+    run_dir: str | Path,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+    on_step: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Start (``cfg`` given) or resume (``cfg`` None) a run and train it to its last step; the records of
-    the steps played. With ``executor: ray`` the trainer runs as a learner actor on the Ray cluster;
+    the steps played (``on_step`` gets each as it is done). With ``executor: ray`` the trainer runs as a learner actor on the Ray cluster;
     launched by torchrun, this process is one data-parallel rank (``training.data_parallel``)."""
     data_parallel.join_from_environment()  # under torchrun: one rank of a data-parallel run
     if cfg is not None:
         if cfg.executor == "ray":
-            return _train_on_ray(cfg, cfg.ray, run_dir, log, progress)
+            return _train_on_ray(cfg, cfg.ray, run_dir, log, progress, on_step)
         trainer = start(cfg, run_dir)
     else:
         run, saved = _open_existing(run_dir)
         if saved.executor == "ray":
             run.release()  # the learner actor resumes the run in its own process
-            return _train_on_ray(None, saved.ray, run_dir, log, progress)
+            return _train_on_ray(None, saved.ray, run_dir, log, progress, on_step)
         trainer = _restored(run, saved, log)
     if trainer.lead:
         log(trainer.placement.describe() + (" (agent sharded with FSDP2)" if trainer.sharded else ""))
-    return trainer.run(progress)
+    return trainer.run(progress, on_step)
 
 
 class _LearnerActor:
@@ -127,7 +133,9 @@ class _LearnerActor:
         self.trainer.close()
 
 
-def _train_on_ray(cfg: TrainConfig | None, settings, run_dir: str | Path, log: Callable[[str], None], progress: bool) -> list[dict]:
+def _train_on_ray(
+    cfg: TrainConfig | None, settings, run_dir: str | Path, log: Callable[[str], None], progress: bool, on_step=None
+) -> list[dict]:
     from tqdm.auto import tqdm
 
     from scope_marl.executor.ray_workers import connect, raised_cause
@@ -146,6 +154,8 @@ def _train_on_ray(cfg: TrainConfig | None, settings, run_dir: str | Path, log: C
                 for _ in range(step, steps):
                     record = ray.get(actor.train_step.remote())
                     records.append(record)
+                    if on_step is not None:
+                        on_step(record)
                     bar.update(1)
                     bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
         except ray.exceptions.RayTaskError as err:

@@ -95,31 +95,24 @@ def convert_model(report: Report) -> str:
 
 
 def run_arm(arm: str, steps: int, model: str, panel: Panel, out: Path, report: Report, sampling: dict | None = None) -> dict:
-    """Train one arm ``steps`` GRPO steps into ``out/arm`` (``experiment.train``), then play the held-out
-    panel with the trained agent (the run resumed from its last checkpoint); its step records and
-    held-out evaluation. ``report`` gets the stages of :func:`scope_marl.demo.plan`."""
+    """Train one arm ``steps`` GRPO steps into ``out/arm`` (``experiment.start`` and the trainer's own
+    loop), then play the held-out panel with the trained agent; its step records and held-out
+    evaluation. ``report`` gets the stages of :func:`scope_marl.demo.plan` as each is done."""
     from scope_marl.evaluation.evaluate import write_results
-    from scope_marl.experiment import evaluate_trainer, resume, train
+    from scope_marl.experiment import evaluate_trainer, start
 
     run_dir = out / arm
-    quiet = lambda _: None
-    records = train(arm_config(arm, steps, model, sampling), run_dir, log=quiet, progress=False)
-    finished = [("start", f"[2/3 llm] {arm}: model, simulator and LoRA adapter set up")]
-    for record in records:
+    trainer = start(arm_config(arm, steps, model, sampling), run_dir)
+    report(("start", f"[2/3 llm] {arm}: model, simulator and LoRA adapter set up"))
+
+    def step_done(record: dict) -> None:
         t = record["train_agent"]
-        finished.append(
-            (
-                f"step:{arm}",
-                f"[2/3 llm] {arm} step {record['step']}/{steps}: reward {record.get('reward_agent', {}).get('mean', float('nan')):.2f}, "
-                f"ratio {t.get('ratio_mean', float('nan')):.4f}, log-prob gap {t.get('logprob_gap', float('nan')):.1e}",
-            )
-        )
-    report(*finished)  # together: experiment.train returns when every step is done
-    trainer = resume(run_dir, log=quiet)  # the trained agent, from the checkpoint of the last step
-    try:
-        evaluation = evaluate_trainer(trainer, panel, log=quiet)
-    finally:
-        trainer.close()
+        reward = record.get("reward_agent", {}).get("mean", float("nan"))
+        line = f"step {record['step']}/{steps}: reward {reward:.2f}, ratio {t.get('ratio_mean', float('nan')):.4f}"
+        report((f"step:{arm}", f"[2/3 llm] {arm} {line}, log-prob gap {t.get('logprob_gap', float('nan')):.1e}"))
+
+    records = trainer.run(progress=False, on_step=step_done)  # (releases the run directory at the end)
+    evaluation = evaluate_trainer(trainer, panel, log=lambda _: None)
     write_results(evaluation, run_dir / "eval")
     held = evaluation["heldout"]["reward"]
     report(("eval", f"[2/3 llm] {arm} on {len(panel.simulators)} held-out simulators: reward {held['mean']:.2f}"))

@@ -229,7 +229,8 @@ class Trainer:
             self.engine.load_state_dict({"groups": first + len(tasks)})  # the groups played elsewhere are counted here
         return episodes
 
-    def run(self, progress: bool = True) -> list[dict]:
+    def run(self, progress: bool = True, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        """Train to the last step (then release the run directory); ``on_step`` gets each step's record."""
         from tqdm.auto import tqdm
 
         records = []
@@ -238,6 +239,8 @@ class Trainer:
                 while self.step < self.cfg.steps:
                     record = self.train_step()
                     records.append(record)
+                    if on_step is not None:
+                        on_step(record)
                     bar.update(1)
                     bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
         finally:
