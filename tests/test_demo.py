@@ -99,6 +99,7 @@ def tiny_demo(tiny_model_dir, tmp_path_factory):
     return Path(summary["out"]), summary, lines
 
 
+@pytest.mark.integration
 def test_demo_result_shows_collapse_and_both_fixes(tiny_demo):
     """The RESULT's direction: single's held-out reward falls; VS prob and co-training end above single
     (the lower ends of their paired 95% intervals are above 0)."""
@@ -115,6 +116,7 @@ def test_demo_result_shows_collapse_and_both_fixes(tiny_demo):
     assert lab["seeds"] == 3 and set(lab["arms"]) == {"single", "rotation", "vs_prob", "vs_random", "cotrain", "population"}
 
 
+@pytest.mark.integration
 def test_demo_trains_both_llm_arms_on_policy_and_evaluates_them(tiny_demo):
     out, summary, lines = tiny_demo
     assert list(summary["llm"]["arms"]) == ["frozen", "vs_prob"]
@@ -133,6 +135,7 @@ def test_demo_trains_both_llm_arms_on_policy_and_evaluates_them(tiny_demo):
     assert all(re.search(r"\| \d+ s elapsed, ~\d+ s left$", line) for line in parts), parts
 
 
+@pytest.mark.integration
 def test_report_html_embeds_every_plot_and_holds_every_table(tiny_demo):
     out, _, _ = tiny_demo
     text = (out / "report.md").read_text()
@@ -247,6 +250,7 @@ def test_the_arm_yamls_are_whole_train_configs_that_ship_with_the_package():
 # ---- the two lanes ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_worker_lanes_progress_reaches_this_process_and_torch_threads_come_back():
     import torch
 
@@ -262,6 +266,7 @@ def test_the_worker_lanes_progress_reaches_this_process_and_torch_threads_come_b
     assert sorted(line.split(" |")[0] for line in lines) == ["[a] done here", "[b] done in the worker"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("failing", ["main lane", "worker job"])
 def test_a_failing_demo_ends_its_own_worker_and_no_other_process(failing):
     """The failure path terminates the worker process the lanes started (the pool would wait for its
@@ -288,6 +293,7 @@ def test_a_failing_demo_ends_its_own_worker_and_no_other_process(failing):
         bystander.join()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_scope_demo_on_the_embedded_model_from_an_empty_cache(tmp_path):
     """The README's main job, end to end through the CLI, converting the model into an empty cache."""

@@ -10,7 +10,7 @@ from scope_marl.backends import embedded
 from scope_marl.backends.base import BackendError, SamplingParams
 from scope_marl.core.types import Message
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_embedded_model_converts_once_then_loads_fast_and_generates(capsys):

@@ -219,6 +219,7 @@ def test_evaluating_twice_with_the_same_seed_gives_identical_numbers(agent):
 # ---- inside training, scope eval on a run, scope report --------------------------------------------
 
 
+@pytest.mark.integration
 def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_model_dir, tmp_path):
     import yaml
     from typer.testing import CliRunner

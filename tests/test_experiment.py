@@ -1,4 +1,4 @@
-"""experiment.play_rollouts: scope rollout's work without the printing (the CLI itself: tests/test_config_and_rollout_cli.py)."""
+"""experiment.play_rollouts: scope rollout's work without the printing (the CLI itself: tests/test_rollout_cli.py)."""
 
 from __future__ import annotations
 

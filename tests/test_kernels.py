@@ -24,6 +24,7 @@ def test_a_compile_error_is_a_build_error_and_leaves_no_file(tmp_path):
     assert not list(tmp_path.rglob("*.so"))
 
 
+@pytest.mark.integration
 def test_an_unwritable_cache_is_a_build_error_naming_the_fix(tmp_path):
     if kernels.compiler() is None:
         pytest.skip("no C++ compiler here")

@@ -451,6 +451,7 @@ def test_p4g_json_holds_only_fitted_figures():
     assert fit["personas"]["dialogues"][0] + fit["personas"]["dialogues"][1] == fit["dialogues"] == 300
 
 
+@pytest.mark.integration
 def test_fit_script_reproduces_the_committed_json(tmp_path):
     from scope_marl.envs.p4g.corpus import find_corpus_dir
 
@@ -469,6 +470,7 @@ def test_fit_script_reproduces_the_committed_json(tmp_path):
     assert json.loads(out.read_text()) == json.loads(FITTED.read_text())
 
 
+@pytest.mark.integration
 def test_scope_lab_command_prints_the_table_and_names_bad_arms(tmp_path):
     from typer.testing import CliRunner
 

@@ -101,6 +101,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("arm", ["single", "population"])
 def test_a_crashed_run_resumes_to_the_same_result(talky_chat, game, tmp_path, arm):
     panel = build_panel(game, load_panel(HELDOUT_PANEL))
@@ -125,6 +126,7 @@ def test_a_crashed_run_resumes_to_the_same_result(talky_chat, game, tmp_path, ar
     )
 
 
+@pytest.mark.integration
 def test_a_run_killed_mid_checkpoint_resumes_like_a_training_run(talky_chat, game, tmp_path):
     """The LLM lab's runs are run directories like scope train's: a checkpoint torn by a kill (here: its
     newest has lost bytes, and a half-written one lies beside it) is set aside with a warning, the one
@@ -155,6 +157,7 @@ def test_a_run_killed_mid_checkpoint_resumes_like_a_training_run(talky_chat, gam
     ]
 
 
+@pytest.mark.integration
 def test_quick_run_writes_the_report_and_refuses_other_settings(talky_chat, tmp_path):
     out = tmp_path / "lab"
     lines = []

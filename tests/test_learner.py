@@ -164,6 +164,7 @@ class Brevity(SayTheWord):
         return {AGENT: r, USER: 1.0 - r}
 
 
+@pytest.mark.integration
 def test_the_learning_loop_raises_reward_on_a_learnable_task(make_tiny_model, tokenizer):
     from peft import LoraConfig
 
@@ -215,6 +216,7 @@ def _dp_rank(rank: int, world: int, port: int, chat, episodes, out) -> None:
 DP_CONFIG = {"lr": 1e-2, "aggregation": "token_mean", "max_grad_norm": 1e9}
 
 
+@pytest.mark.integration
 def test_two_gloo_learners_apply_the_single_learner_update(co_training):
     """Two ranks, each with half the groups: the summed gradient equals one learner's on the whole batch
     (atol 1e-7, rtol 1e-4: float sums in another order), and both ranks end with the same weights."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.packaging
+pytestmark = [pytest.mark.packaging, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRA = re.compile(r"scope-marl\[([A-Za-z0-9_.-]+)\]")

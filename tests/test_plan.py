@@ -112,6 +112,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+@pytest.mark.integration
 def test_plans_match_the_measured_peak_rss_of_three_cpu_training_runs(models, tmp_path, capsys):
     """Each config planned, then trained for one step by ``scope train`` in its own process (the three at
     once); the plan's total is within 15% of the run's peak resident set (``wait4``'s ru_maxrss)."""

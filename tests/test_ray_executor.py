@@ -20,6 +20,8 @@ from scope_marl.config import RolloutRunConfig  # noqa: E402
 from scope_marl.executor import split_blocks  # noqa: E402
 from scope_marl.executor.ray_workers import RayExecutor, StaleWorker  # noqa: E402
 
+pytestmark = pytest.mark.integration  # a real local Ray cluster
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_cluster():

@@ -28,6 +28,7 @@ def test_every_simulator_mode_has_exactly_one_builder_and_every_builder_a_sectio
         assert SIMULATOR_MODES.get(mode).config is schema
 
 
+@pytest.mark.integration
 def test_heavy_environments_are_imported_only_when_built():
     code = (
         "import sys, scope_marl.assembly, scope_marl.config;"

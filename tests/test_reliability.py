@@ -129,6 +129,7 @@ def surrogate_server() -> Iterator[str]:
     thread.join(timeout=5)
 
 
+@pytest.mark.integration
 def test_a_lone_surrogate_from_a_server_is_replaced_and_the_whole_batch_is_written(surrogate_server, tmp_path):
     simulator = {"mode": "frozen", "model": f"openai:m@{surrogate_server}"}
     cfg = write_yaml(tmp_path / "cfg.yaml", rollout_config(simulator))
@@ -171,6 +172,7 @@ def test_an_empty_simulator_reply_fails_the_episode_unless_kept(tmp_path):
 # ---- one process per run, kills and damaged files ------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_second_process_on_a_live_run_is_refused_naming_the_holder(tiny_model_dir, tmp_path):
     cfg = write_yaml(tmp_path / "train.yaml", train_config(tiny_model_dir))
     run = tmp_path / "run"
@@ -205,6 +207,7 @@ def test_a_second_process_on_a_live_run_is_refused_naming_the_holder(tiny_model_
     assert metric_steps(run) == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.integration
 def test_resume_after_sigkill_drops_a_torn_metrics_line_and_plays_each_step_once(tiny_model_dir, tmp_path):
     cfg = write_yaml(tmp_path / "train.yaml", train_config(tiny_model_dir))
     run = tmp_path / "run"
@@ -227,6 +230,7 @@ def test_resume_after_sigkill_drops_a_torn_metrics_line_and_plays_each_step_once
     assert len(ids) == 6 * 2 * 2 and len(set(ids)) == len(ids), "every episode id once across all batches"
 
 
+@pytest.mark.integration
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(tiny_model_dir, tmp_path):
     cfg = write_yaml(tmp_path / "train.yaml", train_config(tiny_model_dir, steps=3))
     run = tmp_path / "run"
@@ -301,6 +305,7 @@ def test_an_output_that_is_a_file_and_an_empty_rotation_are_refused(tiny_model_d
     refused(result, "'rotation:'", "names no members")
 
 
+@pytest.mark.integration
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     from scope_marl import cli
 

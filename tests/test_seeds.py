@@ -1,13 +1,13 @@
-"""The core layer: derive_seed gives every call site its old seed, atomic files, the run layout, engine counters."""
+"""Seed derivation (core.seeds.derive_seed): every call site gets the seed of the formula it replaced,
+and the rollout engine's group counter carries its seeds across a resume.
+
+(Formerly tests/test_core.py, with the atomic files, now tests/test_atomic_files.py, and the run layout,
+now tests/test_run_layout.py.)"""
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +17,6 @@ import pytest
 from scope_marl.backends.scripted import ScriptedChatModel
 from scope_marl.backends.seat import Seat
 from scope_marl.config import RolloutConfig
-from scope_marl.core import run_layout
-from scope_marl.core.files import atomic_directory, atomic_file, write_json, write_text
 from scope_marl.core.seeds import derive_seed
 from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import SayTheWord
@@ -225,162 +223,6 @@ def test_lab_population_acts_draws_the_member_of_the_old_formula(seed, tmp_path)
     for group in (0, 1, 2, 7, 64, 4321):
         expected = pool.select(rng=random.Random(seed * M + group))
         assert population.for_group(group).simulator_id == f"pool:{expected.member_id}"
-
-
-# ---- atomic files --------------------------------------------------------------------------------
-
-
-def test_write_text_replaces_old_content_and_creates_parents(tmp_path):
-    path = tmp_path / "a" / "b" / "note.txt"
-    assert write_text(path, "old") == path
-    write_text(path, "new, longer content")
-    assert path.read_text() == "new, longer content"
-    assert sorted(os.listdir(path.parent)) == ["note.txt"]
-
-
-def test_write_json_ends_with_a_newline_and_round_trips(tmp_path):
-    data = {"step": 3, "best": [0.5, "step-000002"], "name": "ünï"}
-    path = write_json(tmp_path / "deep" / "state.json", data)
-    text = path.read_text()
-    assert text.endswith("}\n") and json.loads(text) == data
-    assert write_json(tmp_path / "flat.json", [1, 2], indent=None).read_text() == "[1, 2]\n"
-
-
-def test_an_error_inside_atomic_file_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
-    path = tmp_path / "data.bin"
-    path.write_bytes(b"\x00old bytes\xff")
-    with pytest.raises(RuntimeError, match="half way"), atomic_file(path, "wb") as handle:
-        handle.write(b"new" * 1000)
-        raise RuntimeError("half way")
-    assert path.read_bytes() == b"\x00old bytes\xff"
-    assert os.listdir(tmp_path) == ["data.bin"]
-
-    with atomic_file(path, "wb", durable=False) as handle:
-        handle.write(b"new")
-    assert path.read_bytes() == b"new"
-    assert os.listdir(tmp_path) == ["data.bin"]
-
-
-def test_a_process_killed_mid_write_leaves_the_old_file(tmp_path):
-    path = tmp_path / "state.json"
-    old = json.dumps({"step": 1}) + "\n"
-    path.write_text(old)
-    script = (
-        "import os, signal, sys\n"
-        "from scope_marl.core.files import atomic_file\n"
-        "with atomic_file(sys.argv[1]) as handle:\n"
-        "    handle.write('x' * 3_000_000)\n"
-        "    handle.flush()\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    handle.write('y' * 3_000_000)\n"
-    )
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    assert path.read_text() == old
-    leftovers = [name for name in os.listdir(tmp_path) if name != "state.json"]
-    assert leftovers, "the kill should have struck inside the with block, with the temporary written"
-    for name in leftovers:
-        assert name.startswith(".") and name.endswith(".tmp"), name
-    # The temporary holds the first half: the process really died mid-write.
-    assert (tmp_path / leftovers[0]).read_text() == "x" * 3_000_000
-
-
-def fill(directory: Path, text: str) -> None:
-    (directory / "sub").mkdir()
-    (directory / "a.txt").write_text(text)
-    (directory / "sub" / "b.txt").write_text(text * 2)
-
-
-def tree(directory: Path) -> dict:
-    return {str(p.relative_to(directory)): p.read_text() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def test_atomic_directory_replaces_an_existing_target(tmp_path):
-    target = tmp_path / "parent" / "ckpt"
-    with atomic_directory(target) as tmp:
-        assert tmp.parent == target.parent and tmp.name.startswith(".ckpt.") and tmp.name.endswith(".tmp")
-        assert list(tmp.iterdir()) == []
-        fill(tmp, "old")
-    assert tree(target) == {"a.txt": "old", "sub/b.txt": "oldold"}
-    with atomic_directory(target, if_exists="replace") as tmp:
-        (tmp / "only.txt").write_text("new")
-    assert tree(target) == {"only.txt": "new"}
-    assert os.listdir(target.parent) == ["ckpt"]
-
-
-def test_atomic_directory_keep_leaves_the_existing_target(tmp_path):
-    target = tmp_path / "member"
-    with atomic_directory(target) as tmp:
-        fill(tmp, "theirs")
-    with atomic_directory(target, if_exists="keep") as tmp:
-        fill(tmp, "mine")
-    assert tree(target) == {"a.txt": "theirs", "sub/b.txt": "theirstheirs"}
-    assert os.listdir(tmp_path) == ["member"]
-    # With no target yet, keep still installs the new copy.
-    with atomic_directory(tmp_path / "fresh", if_exists="keep") as tmp:
-        fill(tmp, "mine")
-    assert tree(tmp_path / "fresh") == {"a.txt": "mine", "sub/b.txt": "minemine"}
-
-
-def test_an_error_inside_atomic_directory_keeps_the_old_directory(tmp_path):
-    target = tmp_path / "ckpt"
-    target.mkdir()
-    fill(target, "old")
-    with pytest.raises(KeyboardInterrupt), atomic_directory(target) as tmp:
-        fill(tmp, "new")
-        raise KeyboardInterrupt
-    assert tree(target) == {"a.txt": "old", "sub/b.txt": "oldold"}
-    assert os.listdir(tmp_path) == ["ckpt"]
-
-
-def test_atomic_directory_rejects_an_unknown_if_exists(tmp_path):
-    with pytest.raises(ValueError, match="if_exists must be 'replace' or 'keep'"), atomic_directory(tmp_path / "x", if_exists="merge"):
-        pass
-    assert os.listdir(tmp_path) == []
-
-
-# ---- run layout ----------------------------------------------------------------------------------
-
-
-def make_checkpoint(run_dir: Path, step: int, best: str | None = None) -> Path:
-    path = run_layout.checkpoint_dir(run_dir, step)
-    path.mkdir(parents=True)
-    state = {"step": step, "cursor": 0, "best": [0.5, best] if best else None}
-    (path / run_layout.STATE).write_text(json.dumps(state))
-    return path
-
-
-def test_list_checkpoints_skips_incomplete_and_temporary_folders(tmp_path):
-    first = make_checkpoint(tmp_path, 1)
-    third = make_checkpoint(tmp_path, 3)
-    (tmp_path / "checkpoints" / "step-000002").mkdir()  # no state.json: an interrupted save
-    temporary = tmp_path / "checkpoints" / ".step-000004.abc.tmp"
-    temporary.mkdir()
-    (temporary / run_layout.STATE).write_text("{}")
-    assert run_layout.list_checkpoints(tmp_path) == [first, third]
-    assert run_layout.list_checkpoints(tmp_path / "elsewhere") == []
-
-
-def test_resolve_checkpoint_finds_the_best_else_the_last(tmp_path):
-    first = make_checkpoint(tmp_path, 1)
-    assert run_layout.resolve_checkpoint(first) == first
-    second = make_checkpoint(tmp_path, 2)
-    assert run_layout.resolve_checkpoint(tmp_path) == second  # no best recorded: the last
-    make_checkpoint(tmp_path, 3, best="step-000001")
-    assert run_layout.resolve_checkpoint(tmp_path) == first
-    # Older runs wrote the best as a path; its name is what counts.
-    make_checkpoint(tmp_path, 4, best=str(Path("/elsewhere/checkpoints/step-000002")))
-    assert run_layout.resolve_checkpoint(tmp_path) == second
-    # A best that was deleted falls back to the last.
-    last = make_checkpoint(tmp_path, 5, best="step-000000")
-    assert run_layout.resolve_checkpoint(tmp_path) == last
-
-
-def test_resolve_checkpoint_on_an_empty_directory_names_run_dir(tmp_path):
-    with pytest.raises(FileNotFoundError, match="RUN_DIR"):
-        run_layout.resolve_checkpoint(tmp_path)
 
 
 # ---- engine counters -----------------------------------------------------------------------------

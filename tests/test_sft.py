@@ -67,6 +67,7 @@ def test_an_example_is_the_persuadees_chat_and_the_loss_covers_only_the_human_tu
     assert learner.supervised_loss([stream]) == pytest.approx(float(-logp.mean()), rel=1e-4)
 
 
+@pytest.mark.integration
 def test_no_validation_or_test_dialogue_reaches_training(env, tiny_model_dir, tmp_path):
     from scope_marl.training.sft import persuadee_turns, start_sft
 
@@ -85,6 +86,7 @@ def test_no_validation_or_test_dialogue_reaches_training(env, tiny_model_dir, tm
         run.close()
 
 
+@pytest.mark.integration
 def test_sft_lowers_the_loss_and_resumes_exactly(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
@@ -195,6 +197,7 @@ def test_scope_eval_humans_compares_donations_and_diversity(tmp_path):
     assert "humans (corpus)" in result.output
 
 
+@pytest.mark.integration
 def test_full_fine_tuning_exports_a_model_directory_that_plays_the_user(tiny_model_dir, tmp_path):
     from scope_marl.assembly import ModelCache, build_simulator
     from scope_marl.backends import load_backend

@@ -65,6 +65,7 @@ def metrics(run) -> list[dict]:
     return [comparable(json.loads(line)) for line in (run / run_layout.METRICS).read_text().splitlines()]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_fsdp2_on_two_gloo_ranks_trains_as_one_process_and_resumes_on_one_rank(tiny_model_dir, tmp_path):
     """torchrun with hardware.parallel: fsdp on 2 CPU ranks: every loss, gradient norm and entropy of two

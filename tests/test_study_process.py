@@ -23,6 +23,8 @@ import httpx
 
 from scope_marl.study.store import Store
 
+pytestmark = pytest.mark.integration  # the real server in a subprocess, Chromium
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 

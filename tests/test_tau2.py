@@ -175,6 +175,7 @@ def test_gold_replay_through_our_engine_scores_one_and_the_empty_agent_matches_t
     assert nothing.rewards[AGENT] == tau2_score("retail", tau2_task, empty(tau2_task))
 
 
+@pytest.mark.integration
 def test_perturbed_trajectories_score_as_tau2_scores_them(retail):
     t = task(retail, "33")
     tau2_task = retail.task_of(t)

@@ -74,6 +74,7 @@ def user_sim(model_dir, mode: str, **extra) -> dict:
 # ---- training on retail ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["frozen", "persona_guided", "vs", "trainable", "population"])
 def test_a_rollout_and_two_training_steps_on_retail_train_tasks(long_tiny_dir, tmp_path, mode):
     extra = {"k": 2} if mode == "vs" else {}
@@ -121,6 +122,7 @@ def test_a_rollout_and_two_training_steps_on_retail_train_tasks(long_tiny_dir, t
         assert "# User Simulation Guidelines" in text and "<scenario>" in text and "Hi! How can I help you today?" in text
 
 
+@pytest.mark.integration
 def test_rotation_keeps_one_user_per_group(long_tiny_dir, tmp_path):
     members = [user_sim(long_tiny_dir, "frozen", id=f"user-{i}", prompt_prefix=f"You are customer {i}.") for i in range(2)]
     cfg = TrainConfig.model_validate(tau2_config(long_tiny_dir, {"mode": "rotation", "members": members}, steps=1, task_ids=["10", "25"]))
@@ -152,6 +154,7 @@ def test_the_curriculum_needs_a_batch_baseline_for_the_trained_user(long_tiny_di
 # ---- simulator rewards ----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_simulator_rewards_and_the_curriculum_give_nonzero_advantages_against_the_batch():
     """Two groups on retail task 33, played by replay: one where the agent succeeds once in two, one where
     it never does. The curriculum is one number per group (1.0 and 0.044): a group baseline cancels it,

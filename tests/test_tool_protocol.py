@@ -164,9 +164,9 @@ class TeacherForced(HFChatModel):
         for ids in prompt_ids:
             text = self.script(self.decode(ids))
             reply = self.encode_text(text) + [self.eot_id]
-            with torch.no_grad():
-                logits = self.model(input_ids=torch.tensor([list(ids) + reply])).logits[0].float()
-            logp = torch.log_softmax(logits / max(sampling.temperature, 1e-6), -1)[len(ids) - 1 : -1]
+            with torch.no_grad():  # the rows that predict the reply's tokens (log_softmax is per row: the same numbers)
+                logits = self.model(input_ids=torch.tensor([list(ids) + reply])).logits[0, len(ids) - 1 : -1].float()
+            logp = torch.log_softmax(logits / max(sampling.temperature, 1e-6), -1)
             chosen = logp.gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
             entropy = -(logp.exp() * logp).sum(-1)
             out.append(Generation(text=text, token_ids=reply, logprobs=chosen.tolist(), entropies=entropy.tolist(), prompt_ids=list(ids)))

@@ -89,6 +89,7 @@ def test_co_training_updates_both_adapters_and_simulator_only_freezes_the_agent(
     assert all(torch.equal(p, agent_before[n]) for n, p in only_user.chat.model.named_parameters() if ".agent." in n)
 
 
+@pytest.mark.integration
 def test_population_snapshots_go_to_the_pool(tiny_model_dir, tmp_path):
     sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
     # The tiny model's rewards are constant (zero advantages); an entropy bonus still moves the simulator.
@@ -118,6 +119,7 @@ def test_config_rejects_inconsistent_roles(tiny_model_dir):
         TrainConfig.model_validate(config(tiny_model_dir, trainable_roles=["agent", "user"]))
 
 
+@pytest.mark.integration
 def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
     cfg_path = tmp_path / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(config(tiny_model_dir, steps=4, checkpoint_every=2)))
@@ -165,6 +167,7 @@ def test_a_second_demo_never_overwrites_the_first(tmp_path):
     assert fresh_dir(out) == tmp_path / "demo-3"
 
 
+@pytest.mark.integration
 def test_full_fine_tuning_trains_a_copy_and_keeps_the_base_as_reference(tiny_model_dir, tmp_path):
     cfg = config(
         tiny_model_dir,
@@ -204,6 +207,7 @@ def test_full_fine_tuning_is_agent_only(tiny_model_dir):
         TrainConfig.model_validate(config(tiny_model_dir, finetune="full", simulator=sim, trainable_roles=["agent", "user"]))
 
 
+@pytest.mark.integration
 def test_tensorboard_mirrors_the_metrics_lines(tiny_model_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -246,6 +250,7 @@ def test_an_eval_panel_whose_env_overrides_do_not_fit_the_run_fails_at_start(tin
         start(TrainConfig.model_validate(cfg), tmp_path / "run")
 
 
+@pytest.mark.integration
 def test_torchrun_trains_one_run_on_two_data_parallel_ranks_and_resumes_exactly(tiny_model_dir, tmp_path):
     """`torchrun --nproc-per-node 2 -m scope_marl.cli train`: two gloo ranks each play half the groups and
     train on half, rank 0 writes the run. Population co-training (pool barriers) and evaluation (rank 0)
