@@ -9,6 +9,7 @@ A neutral module below both, so neither has to import the other to find a checkp
         evals/step-NNNNNN.json          periodic evaluations
         pool/                           population co-training's simulator pool
         tensorboard/                    the optional TensorBoard mirror of metrics.jsonl
+        sampler-adapters/NAME-vSTEP/    with a sampler server: the adapter versions it loads
         checkpoints/step-NNNNNN/
             adapters/<name>/            peft adapter files, one folder per trained adapter
             weights/<name>.safetensors  full fine-tuning: every weight of that policy's model
@@ -29,6 +30,7 @@ ROLLOUTS = "rollouts"
 EVALS = "evals"
 POOL = "pool"
 TENSORBOARD = "tensorboard"
+SAMPLER_ADAPTERS = "sampler-adapters"
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
 STATE = "state.json"

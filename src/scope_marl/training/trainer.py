@@ -39,8 +39,6 @@ from scope_marl.training.population import Population
 from scope_marl.training.run_dir import RunDir
 from scope_marl.training.tensorboard import TensorBoardWriter
 
-SAMPLER_ADAPTERS = "sampler-adapters"  # in the run directory: the adapter versions a sampler server reads
-
 
 class Evaluator(Protocol):
     """Periodic evaluation during training, as the trainer sees it."""
@@ -112,7 +110,7 @@ class Trainer:
             functools.partial(worker_engine, cfg),
             engine=self.engine,
             ranks=data_parallel,
-            sampler_folder=self.run_dir / SAMPLER_ADAPTERS,
+            sampler_folder=self.run_dir / run_layout.SAMPLER_ADAPTERS,
         )
         self.recorder = RolloutRecorder(self.dir.rollouts)
         self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard and self.lead else None
