@@ -66,3 +66,53 @@ def test_a_runs_own_config_from_an_older_release_resumes_with_its_meaning(tmp_pa
     assert run.read_config(TrainConfig).learner.baseline == baseline
     with pytest.raises(ConfigError, match="learner.constant_groups: constant_groups was removed"):
         load_config(run.path / "config.yaml", TrainConfig)
+
+
+# ---- faults found by a trial through the CLI --------------------------------------------------------
+
+
+def test_a_directory_holding_checkpoints_is_not_a_new_runs_even_without_metrics(tmp_path):
+    from scope_marl.training import checkpoint
+
+    checkpoint.save(tmp_path / "run", 3, None, [], {}, {}, {})
+    with pytest.raises(FileExistsError, match="already holds a run; continue it with: scope train --resume"):
+        RunDir.new(tmp_path / "run")  # its metrics.jsonl was deleted: the old step 3 would stay newest
+
+
+def test_a_deleted_batch_never_makes_the_next_one_overwrite_a_later_one(tmp_path):
+    recorder = RolloutRecorder(tmp_path)
+    for _ in range(3):
+        recorder.write_batch([])
+    (tmp_path / "episodes-00001.jsonl").unlink()
+    later = (tmp_path / "episodes-00002.jsonl").read_bytes()
+    assert RolloutRecorder(tmp_path).write_batch([]).name == "episodes-00003.jsonl"
+    assert (tmp_path / "episodes-00002.jsonl").read_bytes() == later
+
+
+def test_a_whole_checkpoint_that_does_not_fit_the_config_is_an_error_not_damage(tmp_path):
+    """lora.r edited before --resume: the checkpoint is whole, so it is neither set aside nor skipped."""
+    from scope_marl.training import checkpoint
+
+    checkpoint.save(tmp_path, 1, None, [], {}, {}, {})
+    checkpoint.save(tmp_path, 2, None, [], {}, {}, {})
+
+    def load(path):
+        raise RuntimeError("size mismatch for lora_A.weight: copying a param with shape [8, 64], the model has [16, 64]")
+
+    with pytest.raises(checkpoint.CheckpointMismatch, match=r"step-000002 is whole .* was config.yaml changed"):
+        checkpoint.load_newest(tmp_path, load, print)
+    assert [p.name for p in sorted((tmp_path / "checkpoints").iterdir())] == ["step-000001", "step-000002"]
+
+
+def test_a_resumed_run_whose_pool_is_gone_stops_instead_of_starting_a_new_one(tmp_path):
+    from types import SimpleNamespace
+
+    from scope_marl.training.population import Population
+
+    population = Population(SimpleNamespace(every=1), 0, tmp_path, None, "simulator", None)
+    population.load_state({"pool": str(tmp_path / "pool"), "member_rewards": {}})
+    with pytest.raises(FileNotFoundError, match=r"no pool manifest, but the checkpoint of step 4 was trained against that pool"):
+        population.rewind(4, print)
+    fresh = Population(SimpleNamespace(every=1), 0, tmp_path, None, "simulator", None)
+    fresh.load_state({"pool": None, "member_rewards": {}})
+    fresh.rewind(0, print)  # a checkpoint from before any pool: nothing to find

@@ -25,7 +25,9 @@ class RolloutRecorder:
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise NotADirectoryError(f"{self.out_dir} is a file; the output must be a folder (existing batches in it are kept)")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.batches = len(list(self.out_dir.glob(BATCH_GLOB)))  # continue numbering, never overwrite
+        # Continue after the highest number there (not the count: a deleted batch must not make the next
+        # one overwrite a later one).
+        self.batches = max((self.batch_number(p) + 1 for p in self.out_dir.glob(BATCH_GLOB)), default=0)
 
     @staticmethod
     def batch_number(path: Path) -> int:

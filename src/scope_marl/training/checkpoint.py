@@ -24,6 +24,10 @@ from scope_marl.training import data_parallel
 MANIFEST = "manifest.json"  # size and SHA-256 of every other file, written last
 
 
+class CheckpointMismatch(ValueError):
+    """A whole checkpoint that does not fit the run's models: a config changed, not a damaged disk."""
+
+
 def save(
     run_dir: Path,
     step: int,
@@ -126,17 +130,25 @@ def load_state(checkpoint: Path) -> tuple[dict, dict, dict]:
 
 
 def load_newest(run_dir: Path, load, log, quarantine: bool = True, command: str = "scope train CONFIG --out NEW_DIR") -> Path:
-    """Load the newest whole checkpoint of a run with ``load(path)``: a damaged one (a file missing,
-    changed, or not loading) is set aside with a warning (when ``quarantine``: one process of a run
-    does it) and the next older one tried."""
+    """Load the newest whole checkpoint of a run with ``load(path)``: a damaged one (a file missing or
+    changed against its manifest; before manifests, one that does not load) is set aside with a warning
+    (when ``quarantine``: one process of a run does it) and the next older one tried. A whole checkpoint
+    that does not load is :class:`CheckpointMismatch`: the run's config changed, and setting it aside would
+    lose a good checkpoint."""
     for path in reversed(run_layout.list_checkpoints(run_dir)):
         trouble = problem(path)
         if trouble is None:
             try:
                 load(path)
                 return path
-            except Exception as err:  # a file that matches its manifest yet does not load
-                trouble = f"it does not load ({type(err).__name__}: {err})"
+            except Exception as err:
+                if (path / MANIFEST).exists():  # whole, as written: the run's models differ from the ones that wrote it
+                    raise CheckpointMismatch(
+                        f"checkpoint {path} is whole (it matches its manifest) but does not load into the models of this run's "
+                        f"config ({type(err).__name__}: {str(err)[:300]}); was config.yaml changed since the run started "
+                        "(e.g. lora.r or model)? Put the setting back and resume, or start a new run with: " + command
+                    ) from None
+                trouble = f"it does not load ({type(err).__name__}: {err})"  # written before manifests: damage
         if quarantine:
             aside = set_aside(path)
             log(f"warning: checkpoint {path} is damaged ({trouble}); set aside as {aside.name}, using the previous one")

@@ -35,6 +35,7 @@ class Population:
         self.pool: SimulatorPool | None = None
         self.member: str | None = None
         self.member_rewards: dict[str, list[float]] = {}  # the agent's recent mean rewards per member
+        self.restored_with_pool = False  # the restored checkpoint was trained against a pool in root
 
     def draw(self, step: int) -> None:
         """Before the rollout of step ``step + 1``: the pool exists (its base member taken at the first
@@ -89,10 +90,18 @@ class Population:
 
     def load_state(self, state: dict) -> None:
         self.member_rewards = state.get("member_rewards", {})
+        self.restored_with_pool = bool(state.get("pool"))
 
     def rewind(self, step: int, log: Callable[[str], None]) -> None:
-        """Drop snapshots taken after the restored step (they are taken again as the steps replay)."""
+        """Drop snapshots taken after the restored step (they are taken again as the steps replay). A run
+        whose checkpoint trained against a pool that is gone stops: a new pool would silently replace
+        every earlier member with today's simulator."""
         if not SimulatorPool.exists(self.root):
+            if self.restored_with_pool:
+                raise FileNotFoundError(
+                    f"{self.root} has no pool manifest, but the checkpoint of step {step} was trained against that pool; "
+                    f"put the pool back (e.g. from a backup of {self.root}) and resume, or start a new run"
+                )
             return
         dropped = SimulatorPool.load(self.root).rewind(step)
         if dropped:

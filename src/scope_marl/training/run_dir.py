@@ -11,8 +11,9 @@ LLM lab go through :class:`RunDir`, so each gets the same guarantees:
 - **metrics**: one JSON line per step, appended; on resume the lines of steps after the restored
   checkpoint (and a torn last line) are dropped, so every step appears once;
 - **checkpoints**: written atomically with a manifest of sizes and hashes (``training.checkpoint``),
-  the last ``keep_last`` kept plus the best; on resume a damaged one is set aside with a warning and
-  the next older one used;
+  the last ``keep_last`` kept plus the best; on resume a damaged one (it fails its manifest) is set
+  aside with a warning and the next older one used, while a whole one that does not fit the run's
+  models is an error about the config; a directory holding checkpoints is never a new run's;
 - **rollout batches** written after the restored step are removed (they are played again).
 
 Where things live inside the directory is :mod:`scope_marl.core.run_layout`.
@@ -56,7 +57,7 @@ class RunDir:
         run = cls(path, command, lead)
         run.acquire()
         with run.released_on_error():
-            if (run.path / run_layout.METRICS).exists():
+            if (run.path / run_layout.METRICS).exists() or run_layout.list_checkpoints(run.path):
                 raise FileExistsError(f"{path} already holds a run; continue it with: {command} --resume {path}")
         return run
 

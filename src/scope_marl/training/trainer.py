@@ -282,8 +282,9 @@ class Trainer:
     def restore(self, log: Callable[[str], None] = print) -> Trainer:
         """Continue from the newest whole checkpoint: weights, optimizers, RNG, cursor, counters.
 
-        A damaged checkpoint (a file missing, changed or unloadable) is set aside with a warning and
-        the next older one is used. Then everything written after the restored step goes: metric
+        A damaged checkpoint (a file missing or changed against its manifest) is set aside with a warning
+        and the next older one is used; a whole one that does not fit the run's models (its config was
+        edited) is an error, and nothing is set aside. Then everything written after the restored step goes: metric
         lines (a torn last line too), rollout batches and pool snapshots, so each step, episode id and
         pool member appears once when the steps are played again. (A pool member evicted by a later
         snapshot cannot come back: keep ``pool.max_size`` above the snapshots between checkpoints.)
