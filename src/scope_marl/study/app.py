@@ -27,6 +27,7 @@ except ImportError as err:
     raise ImportError(f"the study web app needs the study extra ({err.name} is missing): pip install 'scope-marl[study]'") from err
 
 from scope_marl.config.study import StudyConfig
+from scope_marl.core.text import clean_text
 from scope_marl.envs.p4g.donation import PAYMENT, parse_donation
 from scope_marl.study import pages
 from scope_marl.study.agents import Conditions
@@ -60,7 +61,9 @@ class RateLimiter:
 
 
 class BodyLimit:
-    """Refuses a request body over ``max_bytes`` from its Content-Length, before any of it is read (ASGI middleware)."""
+    """Refuses a request body over ``max_bytes`` (ASGI middleware): from its Content-Length before any of it is
+    read, and again on the bytes actually received (a chunked body, or one whose Content-Length lies), which
+    are read here, at most ``max_bytes`` + 1 of them, and handed to the app whole."""
 
     def __init__(self, app, max_bytes: int):
         self.app = app
@@ -76,7 +79,48 @@ class BodyLimit:
                 return await _refuse(
                     scope, send, 413, f"the request is too large ({int(length):,} bytes; at most {self.max_bytes:,}); nothing was stored"
                 )
+            body, more = b"", True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return None
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > self.max_bytes:
+                    return await _refuse(
+                        scope, send, 413, f"the request is too large (at most {self.max_bytes:,} bytes); nothing was stored"
+                    )
+            replayed = False
+
+            async def receive_read():
+                nonlocal replayed
+                if replayed:
+                    return await receive()
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            return await self.app(scope, receive_read, send)
         return await self.app(scope, receive, send)
+
+
+DONATION_CHARS = 300  # a donation statement; the parser's time grows with the square of its length
+
+
+def same_secret(given: str, secret: str) -> bool:
+    """Constant-time comparison of what a client sent with a secret; any text (``hmac.compare_digest``
+    raises on non-ASCII str, so both are compared as UTF-8 bytes, lone surrogates escaped)."""
+    return hmac.compare_digest(given.encode("utf-8", "backslashreplace"), secret.encode("utf-8", "backslashreplace"))
+
+
+def whole_number(value) -> int | None:
+    """A JSON int or a string of ASCII digits ("²" and "٣" are digits to ``str.isdigit`` but not to ``int``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
 
 
 async def _refuse(scope, send, status: int, message: str) -> None:
@@ -143,11 +187,19 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
     async def body(request: Request) -> dict:
         try:
             data = json.loads(await request.body() or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested thousands deep: not a request this app takes)
             raise Refused("the request body is not JSON", status=400) from None
         if not isinstance(data, dict):
             raise Refused("the request body must be a JSON object", status=400)
         return data
+
+    def text_field(data: dict, key: str) -> str:
+        """A text the participant sent: a JSON string (anything else is refused), code points UTF-8
+        cannot store (a lone surrogate) replaced, as rollouts clean every text where it enters."""
+        value = data.get(key, "")
+        if not isinstance(value, str):
+            raise Refused(f"'{key}' must be text", status=400)
+        return clean_text(value)[0].strip()
 
     def state(p: Participant) -> dict:
         history = store.messages(p.id) if p.started else []
@@ -219,7 +271,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
     @app.post("/api/{token}/messages")
     async def send_message(request: Request, token: str):
         p = participant(request, token)
-        text = str((await body(request)).get("text", "")).strip()
+        text = text_field(await body(request), "text")
         if not text:
             raise Refused("your message is empty; write something before sending", status=400)
         if len(text) > limits.max_message_chars:
@@ -275,12 +327,10 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
     @app.post("/api/{token}/donation")
     async def donation(request: Request, token: str):
         p = participant(request, token)
-        text = str((await body(request)).get("text", "")).strip()
-        if not text or len(text) > limits.max_message_chars:
-            raise Refused(
-                f"write how much you give, in at most {limits.max_message_chars:,} characters (for example: I give $0.50)", status=400
-            )
-        amount = parse_donation(text)
+        text = text_field(await body(request), "text")
+        if not text or len(text) > DONATION_CHARS:
+            raise Refused(f"write how much you give, in at most {DONATION_CHARS} characters (for example: I give $0.50)", status=400)
+        amount = await asyncio.to_thread(parse_donation, text)  # CPU work: never on the loop that serves everyone
         if amount is not None:
             amount = min(max(amount, 0.0), PAYMENT)
         store.state_donation(p.id, text, amount)
@@ -316,11 +366,11 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
                     raise Refused(f"please answer: {q.text}", status=400)
                 continue
             if q.kind == "likert":
-                if not (isinstance(value, int | str) and str(value).isdigit() and 1 <= int(value) <= q.scale):
+                if not (whole_number(value) is not None and 1 <= whole_number(value) <= q.scale):
                     raise Refused(f"the answer to '{q.text}' must be a whole number from 1 to {q.scale}", status=400)
                 value = str(int(value))
             else:
-                value = str(value).strip()
+                value = text_field(given, q.id)
                 if len(value) > limits.max_message_chars:
                     raise Refused(f"the answer to '{q.text}' is too long (at most {limits.max_message_chars:,} characters)", status=400)
             answers[q.id] = value
@@ -336,7 +386,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     # ---- admin -------------------------------------------------------------------------------------
     def is_admin(request: Request) -> bool:
-        return hmac.compare_digest(request.cookies.get(ADMIN_COOKIE, ""), admin_session)
+        return same_secret(request.cookies.get(ADMIN_COOKIE, ""), admin_session)
 
     @app.get("/admin", response_class=HTMLResponse)
     def admin(request: Request):
@@ -351,7 +401,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         if not admin_attempts.allow(request.client.host if request.client else "?"):
             return HTMLResponse(pages.admin_login("too many attempts; wait a minute"), status_code=429)
         key = parse_qs((await request.body()).decode("utf-8", "replace")).get("key", [""])[0]
-        if not hmac.compare_digest(key, admin_key):
+        if not same_secret(key, admin_key):
             return HTMLResponse(pages.admin_login("wrong admin key"), status_code=403)
         response = RedirectResponse("/admin", status_code=303)
         response.set_cookie(ADMIN_COOKIE, admin_session, httponly=True, samesite="strict")
@@ -362,7 +412,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         if not is_admin(request):
             return HTMLResponse(pages.admin_login(), status_code=401)
         raw = parse_qs((await request.body()).decode("utf-8", "replace")).get("n", ["0"])[0]
-        n = int(raw) if raw.isdigit() else 0
+        n = whole_number(raw) or 0
         if not 1 <= n <= 1000:
             return HTMLResponse(pages.refusal("Invitations", "ask for 1 to 1000 invitations"), status_code=400)
         base = str(request.base_url).rstrip("/")

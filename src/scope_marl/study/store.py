@@ -392,8 +392,16 @@ def csv_text(records: Sequence[dict], questions: Sequence[str] = ()) -> str:
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS + [f"q_{n}" for n in names])
     for r in records:
-        writer.writerow([r[c] for c in CSV_COLUMNS] + [r["answers"].get(n, "") for n in names])
+        writer.writerow([spreadsheet_safe(v) for v in [r[c] for c in CSV_COLUMNS] + [r["answers"].get(n, "") for n in names]])
     return buffer.getvalue()
+
+
+def spreadsheet_safe(value):
+    """A cell a spreadsheet shows as text: one starting with = + - @ (or a tab / carriage return) would
+    run as a formula when a researcher opens the export, so it gets a leading ' (OWASP's advice)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def _participant(row: sqlite3.Row) -> Participant:
