@@ -132,7 +132,7 @@ def train_llm_arm(
     done = workdir / RESULT_FILE
     if done.exists():
         return json.loads(done.read_text())
-    with RunDir(workdir, COMMAND) as run:  # locked while it trains, like scope train's runs
+    with RunDir(workdir, COMMAND, restart=f"{COMMAND} --out NEW_DIR") as run:  # locked while it trains, like scope train's runs
         return _train(run, chat, game, arm, seed, s, panel, start_point, progress)
 
 

@@ -42,11 +42,13 @@ class RunDir:
     """A run directory held by this process. Build one with :meth:`new` or :meth:`existing`.
 
     ``command`` is the CLI command that writes this kind of run (``scope train``, ``scope sft``): error
-    messages name it, so a user learns how to start again or resume."""
+    messages name it, so a user learns how to start again or resume; ``restart`` is how to start one
+    afresh (default: ``COMMAND CONFIG --out NEW_DIR``)."""
 
-    def __init__(self, path: str | Path, command: str = "scope train", lead: bool = True):
+    def __init__(self, path: str | Path, command: str = "scope train", lead: bool = True, restart: str | None = None):
         self.path = Path(path)
         self.command = command
+        self.restart = restart or f"{command} CONFIG --out NEW_DIR"
         self.lead = lead
         self.lock: RunLock | None = None
 
@@ -144,7 +146,7 @@ class RunDir:
     def load_newest_checkpoint(self, load: Callable[[Path], None], log: Log, quarantine: bool | None = None) -> Path:
         """Load the newest whole checkpoint with ``load(path)``, setting damaged ones aside (the lead does)."""
         quarantine = self.lead if quarantine is None else quarantine
-        return checkpoint.load_newest(self.path, load, log, quarantine=quarantine, command=f"{self.command} CONFIG --out NEW_DIR")
+        return checkpoint.load_newest(self.path, load, log, quarantine=quarantine, command=self.restart)
 
     def checkpointed_step(self) -> int:
         """The step of the newest complete checkpoint (0: none yet): how far a resume would start."""
