@@ -62,11 +62,8 @@ def evaluator_for(cfg: TrainConfig) -> PanelEvaluator | None:
 def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     """A new run in ``run_dir`` (refused when it already holds one, or another process holds it), its
     config saved beside it."""
-    run = RunDir.new(run_dir, lead=data_parallel.rank() == 0)  # under torchrun only rank 0 holds the lock and writes
-    with run.released_on_error():
-        trainer = Trainer(cfg, run, evaluator_for(cfg))
-    run.write_config(cfg)
-    return trainer
+    # Under torchrun only rank 0 holds the lock and writes.
+    return RunDir.start(run_dir, cfg, lambda run: Trainer(cfg, run, evaluator_for(cfg)), lead=data_parallel.rank() == 0)
 
 
 def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:

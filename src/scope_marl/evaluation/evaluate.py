@@ -32,9 +32,9 @@ from scope_marl.core.seeds import derive_seed
 from scope_marl.core.types import Episode, EpisodeStatus
 from scope_marl.envs import AGENT
 from scope_marl.evaluation.diversity import Coverage, diversity
-from scope_marl.evaluation.panel import Panel, PanelSimulator
+from scope_marl.evaluation.panel import Panel, PanelSimulator, load_panel
 from scope_marl.evaluation.stats import format_interval, format_number, mean_with_ci, pass_hat_k_curve, pass_hat_k_intervals
-from scope_marl.executor import Executor, LocalExecutor, split_blocks
+from scope_marl.executor import Executor, LocalExecutor, open_executor, split_blocks
 from scope_marl.rollout import RolloutEngine
 
 
@@ -396,9 +396,6 @@ def evaluate_checkpoint(
     ``training`` naming panel simulators used in training; on Ray workers with ``ray``. Writes
     ``eval.json`` and ``eval.md`` (several splits: one folder each and one ``eval.md``); returns the
     report and the JSON files."""
-    from scope_marl.evaluation.panel import load_panel
-    from scope_marl.executor import open_executor
-
     chosen = load_panel(panel)
     chosen = type(chosen).model_validate({**chosen.model_dump(), **(overrides or {})}).with_training(set(training))
     unknown = set(training) - {s.id for s in chosen.simulators}

@@ -140,7 +140,8 @@ def _train(
     run: RunDir, chat: HFChatModel, game: Game, arm: str, seed: int, s: LLMSettings, panel: list, start_point: dict, progress
 ) -> dict:
     workdir = run.path
-    if (workdir / LEGACY_STATE).exists() and not run.checkpointed_step():
+    resumed = run.checkpointed_step() > 0
+    if (workdir / LEGACY_STATE).exists() and not resumed:
         raise ValueError(
             f"{workdir} holds a {LEGACY_STATE} written by an older release; finish that run with it, or remove {workdir} "
             "to train this arm and seed again"
@@ -149,7 +150,6 @@ def _train(
     agent = LLMAgent(chat, game, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
     learner = Learner(chat, ROLE, ROLE, s.temperature, LearnerConfig(lr=s.lr, kl_coef=s.kl_coef))
     generator = torch.Generator().manual_seed(seed)
-    resumed = run.checkpointed_step() > 0
     state: dict = {}
 
     def load(path: Path) -> None:

@@ -366,9 +366,10 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
                     raise Refused(f"please answer: {q.text}", status=400)
                 continue
             if q.kind == "likert":
-                if not (whole_number(value) is not None and 1 <= whole_number(value) <= q.scale):
+                rating = whole_number(value)
+                if rating is None or not 1 <= rating <= q.scale:
                     raise Refused(f"the answer to '{q.text}' must be a whole number from 1 to {q.scale}", status=400)
-                value = str(int(value))
+                value = str(rating)
             else:
                 value = text_field(given, q.id)
                 if len(value) > limits.max_message_chars:

@@ -35,6 +35,7 @@ from scope_marl.rollout.recorder import RolloutRecorder
 from scope_marl.training import checkpoint
 
 C = TypeVar("C")
+R = TypeVar("R")
 Log = Callable[[str], None]
 
 
@@ -62,6 +63,16 @@ class RunDir:
             if (run.path / run_layout.METRICS).exists() or run_layout.list_checkpoints(run.path):
                 raise FileExistsError(f"{path} already holds a run; continue it with: {command} --resume {path}")
         return run
+
+    @classmethod
+    def start(cls, path: str | Path, cfg, build: Callable[[RunDir], R], command: str = "scope train", lead: bool = True) -> R:
+        """A new run: :meth:`new`, then ``build(run)`` (the lock released if it fails), then ``cfg`` saved
+        beside it, last, so a run that could not start leaves no config to resume from."""
+        run = cls.new(path, command, lead)
+        with run.released_on_error():
+            built = build(run)
+        run.write_config(cfg)
+        return built
 
     @classmethod
     def existing(cls, path: str | Path, command: str = "scope train", lead: bool = True) -> RunDir:

@@ -241,11 +241,7 @@ class SFTRun:
 
 def start_sft(cfg: SFTConfig, run_dir: str | Path) -> SFTRun:
     """A new ``scope sft`` run (refused where a run already is), its config saved beside it."""
-    run = RunDir.new(run_dir, COMMAND)
-    with run.released_on_error():
-        sft = SFTRun(cfg, run)
-    run.write_config(cfg)
-    return sft
+    return RunDir.start(run_dir, cfg, lambda run: SFTRun(cfg, run), COMMAND)
 
 
 def resume_sft(run_dir: str | Path, log: Callable[[str], None] = print) -> SFTRun:
