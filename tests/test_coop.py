@@ -277,12 +277,12 @@ def test_scope_coop_score_reads_a_real_layout_task_with_its_upstream_repository(
     args = ["coop", "score", str(folder), "--repo", str(tmp_path / "upstream"), "--features", "1,2"]
     result = runner.invoke(app, [*args, "--patches", str(a), str(b)])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["merge"] == "clean" and out["conflict_files"] == [] and out["success"] is True
     assert out["features"]["1"]["passed"] and out["features"]["2"]["tests_run"] == 1
     empty = tmp_path / "empty.patch"
     empty.write_text("")
-    out = json.loads(runner.invoke(app, [*args, "--patches", str(a), str(empty)]).output)
+    out = json.loads(runner.invoke(app, [*args, "--patches", str(a), str(empty)]).stdout)
     assert out["features"]["1"]["passed"] and not out["features"]["2"]["passed"] and out["success"] is False
     # bad input: a clear error, no traceback
     missing = runner.invoke(app, ["coop", "score", str(folder), "--features", "1,2", "--patches", str(a), str(b)])
@@ -309,7 +309,7 @@ def test_scope_coop_score_on_a_built_in_task_reports_a_conflict(tasks):
             str(f / "feature2" / "naive.patch"),
         ],
     )
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["merge"] == "conflict" and out["conflict_files"] == ["units/core.py"] and out["success"] is False
 
 

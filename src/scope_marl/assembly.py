@@ -179,7 +179,9 @@ def _coop(cfg: CoopConfig, models: ModelCache | None = None) -> Environment:
     from scope_marl.envs.coop import Coop, Limits
 
     limits = Limits(seconds=cfg.test_timeout_s, memory_mb=cfg.test_memory_mb)
-    return Coop(cfg.setting, cfg.tasks_dir, cfg.max_steps, cfg.tool_output_chars, cfg.partial_credit, cfg.merge, limits)
+    return Coop(
+        cfg.setting, cfg.tasks_dir, cfg.max_steps, cfg.tool_output_chars, cfg.partial_credit, cfg.merge, limits, cfg.runtime, cfg.network
+    )
 
 
 def attach_adapter(model: ChatModel, adapter: str | None) -> str | None:

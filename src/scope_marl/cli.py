@@ -500,16 +500,23 @@ def coop_score(
     task_dir: Path = typer.Argument(..., help="a task folder in CooperBench's layout ({repo}_task/task{id}/)"),
     repo: Path = typer.Option(None, "--repo", help="the upstream repository at the task's fixed commit (default: TASK_DIR/repo)"),
     features: str = typer.Option(..., "--features", help="the two features the patches implement, N,M (first patch: N)"),
-    patches: tuple[Path, Path] = typer.Option((None, None), "--patches", help="the two seats' patches, in the order of --features"),
+    patches: tuple[Path, Path] = typer.Option(None, "--patches", help="the two seats' patches, in the order of --features"),
     solo: Path = typer.Option(None, "--solo", help="instead of --patches: one patch that implements every feature of --features"),
     merge: str = typer.Option("plain", "--merge", help="plain (CooperBench) or union (keeps both sides of a conflict; not CooperBench's)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds one feature's tests may run"),
-    output: bool = typer.Option(False, "--output", help="include each feature's test output"),
+    runtime: str = typer.Option(
+        "auto", "--runtime", help="auto (docker when a daemon answers and the task has a Dockerfile, else local), local or docker"
+    ),
+    network: str = typer.Option(None, "--network", help="allow or deny the runner the network (default: the task's coop.json, else deny)"),
+    output: bool = typer.Option(False, "--output", help="include each feature's whole test output"),
 ) -> None:
     """Score two patches on a task as CooperBench does; prints one JSON object.
 
     Git merge of the two patches (test files filtered out) on branches from the base commit; each
-    feature's hidden tests on the merged tree (on a conflict, the first patch alone), sandboxed.
+    feature's hidden tests on the merged tree (on a conflict, the first patch alone), sandboxed. A
+    runner written for CooperBench's container (cd /workspace/repo, /patches/NAME) runs in a private
+    mount namespace that provides those paths, or in the task's Docker image (--runtime docker).
+    Which one ran is printed to stderr and is each feature's "runner".
 
     Example: scope coop score data/textstats_task/task1 --features 1,2 --patches a.patch b.patch
     """
@@ -522,12 +529,14 @@ def coop_score(
     except ValueError:
         fail(f"--features {features!r}: write the feature numbers as N,M (e.g. 1,2)")
     task = load_task(task_dir, repo)
-    scorer = Scorer(Limits(seconds=timeout), merge)
+    if solo is None and (patches is None or len(numbers) != 2):
+        fail("give --patches A.patch B.patch with --features N,M (two features), or --solo PATCH")
+    scorer = Scorer(Limits(seconds=timeout), merge, runtime=runtime, network=network)
+    network_said = "allowed" if scorer.network_allowed(task) else "denied"
+    typer.echo(f"runner: {scorer.runner_for(task)} (--runtime {runtime}); network: {network_said}", err=True)
     if solo is not None:
         score = scorer.score_solo(task, numbers, solo.read_text())
     else:
-        if None in patches or len(numbers) != 2:
-            fail("give --patches A.patch B.patch with --features N,M (two features), or --solo PATCH")
         score = scorer.score_pair(task, numbers, (patches[0].read_text(), patches[1].read_text()))
     typer.echo(json.dumps(score.as_json(output=output), indent=2))
 

@@ -78,6 +78,15 @@ class CoopConfig(Section):
     )
     test_timeout_s: float = Field(30.0, gt=0, description="wall-clock limit of one sandboxed test run")
     test_memory_mb: int = Field(1024, ge=64, description="address-space limit of one sandboxed test run")
+    runtime: Literal["auto", "local", "docker"] = Field(
+        "auto",
+        description="where a task's runner.sh runs: docker (the task's image from its Dockerfile), local (a mount namespace for "
+        "runners written for CooperBench's container, else directly), or auto (docker when a daemon answers and the task has a "
+        "Dockerfile, else local)",
+    )
+    network: Literal["allow", "deny"] | None = Field(
+        None, description="allow or deny every runner the network (pip installs); default: each task's coop.json, else deny"
+    )
 
 
 EnvConfig = Annotated[SayTheWordConfig | P4GConfig | Tau2Config | CoopConfig, Field(discriminator="name")]

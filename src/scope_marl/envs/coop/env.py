@@ -106,6 +106,8 @@ class Coop(Environment):
         partial_credit: bool = False,
         merge: str = "plain",
         limits: Limits = Limits(),
+        runtime: str = "auto",
+        network: str | None = None,
     ):
         if setting not in SETTINGS:
             raise ValueError(f"unknown coop setting {setting!r}; choose one of {', '.join(SETTINGS)}")
@@ -115,7 +117,7 @@ class Coop(Environment):
         self.tool_output_chars = tool_output_chars
         self.partial_credit = partial_credit
         self.bases = BaseRepos()
-        self.scorer = Scorer(limits, merge, self.bases)
+        self.scorer = Scorer(limits, merge, self.bases, runtime, network)
         self._tasks: dict[str, CoopTask] | None = None
 
     def __getstate__(self):
@@ -275,10 +277,7 @@ class Coop(Environment):
                 if episode.status == EpisodeStatus.COMPLETED:
                     episode.rewards = {AGENT: 0.0, USER: 0.0}
                 return
-            record = score.as_json()
-            for n, f in score.features.items():
-                record["features"][str(n)]["output_tail"] = f.output[-600:]
-            episode.metadata["coop"] = record
+            episode.metadata["coop"] = score.as_json()
             episode.metadata["success"] = score.success
             if episode.status == EpisodeStatus.COMPLETED:
                 r = score.passed_fraction if self.partial_credit else float(score.success)

@@ -8,8 +8,9 @@
 4. On a clean merge, each feature's hidden tests run on the merged tree; on a conflict, the first
    patch alone is tested against both features (so the pair cannot pass unless that patch holds both
    features).
-5. A feature passes when its runner (``runner.sh TESTS_PATCH FEATURE_PATCH`` in a fresh copy of the
-   base tree) exits 0 having run at least one test. Each run is sandboxed (``sandbox.py``).
+5. A feature passes when its runner (``runner.sh TESTS_PATCH FEATURE_PATCH`` on a fresh copy of the
+   base tree) exits 0 having run at least one test. Each run is sandboxed, by the runner the task's
+   convention and the asked-for runtime pick (``runtimes.py``: direct, namespace or docker).
 
 ``success`` means every feature passed. The solo setting scores one patch against both features.
 """
@@ -20,15 +21,18 @@ import io
 import shutil
 import tarfile
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from scope_marl.envs.coop import runtimes
+from scope_marl.envs.coop.docker import run_in_container
 from scope_marl.envs.coop.git import GitError, apply, archive, clone, diff_from_head, filter_test_files, git, init_base, unsafe_paths
-from scope_marl.envs.coop.sandbox import Limits, RunResult, namespace_available, run_sandboxed
+from scope_marl.envs.coop.sandbox import Limits, RunResult, run_in_workspace, run_sandboxed
 from scope_marl.envs.coop.tasks import CoopTask
 
 MERGES = ("plain", "union")
+TAIL_LINES = 40  # of a failed feature's runner output, in the JSON
 
 
 class PatchError(ValueError):
@@ -42,6 +46,22 @@ class FeatureResult:
     exit_code: int | None
     timed_out: bool
     output: str = field(repr=False, default="")
+    runner: str = "direct"  # direct | namespace | docker (runtimes.py)
+    hint: str | None = None  # why it failed, when the output shows (the network it was denied)
+    network: str = ""  # the network isolation that held (RunResult.network)
+
+    def as_json(self, output: bool = False) -> dict:
+        """The feature's JSON: always the verdict and the runner; a failure adds the last 40 lines of
+        the runner's output (``output_tail``) and the hint, if any; ``output`` adds all of it."""
+        d = {"passed": self.passed, "tests_run": self.tests_run, "exit_code": self.exit_code, "timed_out": self.timed_out}
+        d["runner"] = self.runner
+        if not self.passed:
+            d["output_tail"] = "\n".join(self.output.rstrip().splitlines()[-TAIL_LINES:])
+            if self.hint:
+                d["hint"] = self.hint
+        if output:
+            d["output"] = self.output
+        return d
 
 
 @dataclass
@@ -50,7 +70,11 @@ class Score:
     conflict_files: list[str]
     features: dict[int, FeatureResult]
     apply: dict[str, str]  # per patch: applied | skipped
-    network: str = ""
+
+    @property
+    def network(self) -> str:
+        """The network isolation its runs had (sandbox.RunResult.network)."""
+        return ", ".join(sorted({f.network for f in self.features.values()}))
 
     @property
     def success(self) -> bool:
@@ -61,17 +85,11 @@ class Score:
         return sum(f.passed for f in self.features.values()) / len(self.features)
 
     def as_json(self, output: bool = False) -> dict:
-        """What ``scope coop score`` prints (test output only when asked)."""
-        feats = {}
-        for n, f in self.features.items():
-            d = asdict(f)
-            if not output:
-                d.pop("output")
-            feats[str(n)] = d
+        """What ``scope coop score`` prints (whole test output only when asked)."""
         return {
             "merge": self.merge,
             "conflict_files": self.conflict_files,
-            "features": feats,
+            "features": {str(n): f.as_json(output) for n, f in self.features.items()},
             "success": self.success,
             "apply": self.apply,
             "sandbox_network": self.network,
@@ -107,14 +125,37 @@ def _export(base: Path, commit: str, dest: Path) -> None:
 
 
 class Scorer:
-    """Scores patches on tasks; one instance keeps the base repositories it has made."""
+    """Scores patches on tasks; one instance keeps the base repositories it has made.
 
-    def __init__(self, limits: Limits = Limits(), merge: str = "plain", bases: BaseRepos | None = None):
+    ``runtime``: ``auto`` | ``local`` | ``docker`` (runtimes.py). ``network``: ``allow`` or ``deny``
+    for every task, or None for each task's own (its coop.json; deny when it says nothing)."""
+
+    def __init__(
+        self,
+        limits: Limits = Limits(),
+        merge: str = "plain",
+        bases: BaseRepos | None = None,
+        runtime: str = "auto",
+        network: str | None = None,
+    ):
         if merge not in MERGES:
             raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
+        if runtime not in runtimes.RUNTIMES:
+            raise ValueError(f"runtime must be one of {', '.join(runtimes.RUNTIMES)}, got {runtime!r}")
+        if network not in (None, *runtimes.NETWORK_CHOICES):
+            raise ValueError(f"network must be allow or deny, got {network!r}")
         self.limits = limits
         self.merge = merge
         self.bases = bases or BaseRepos()
+        self.runtime = runtime
+        self.network = network
+
+    def runner_for(self, task: CoopTask) -> str:
+        """direct | namespace | docker: what will run ``task``'s runner (RuntimeUnavailable when none can)."""
+        return runtimes.choose(task, self.runtime)
+
+    def network_allowed(self, task: CoopTask) -> bool:
+        return (self.network or task.network) == "allow"
 
     # ---- CooperBench's steps ------------------------------------------------------------------
     def _checked(self, patch: str, label: str) -> str:
@@ -126,20 +167,33 @@ class Scorer:
         return filter_test_files(patch)
 
     def run_feature(self, task: CoopTask, feature: int, patch: str, workdir: Path) -> FeatureResult:
-        """The feature's hidden tests on the base tree with ``patch`` applied, sandboxed."""
+        """The feature's hidden tests on the base tree with ``patch`` applied, sandboxed by the task's runner."""
+        runner = self.runner_for(task)
+        network = self.network_allowed(task)
         base, commit = self.bases.get(task)
         run = Path(tempfile.mkdtemp(prefix=f"f{feature}-", dir=workdir))
-        tree = run / "tree"
-        tree.mkdir()
-        _export(base, commit, tree)
-        (run / "tests.patch").write_text(task.feature(feature).tests_patch)
-        (run / "feature.patch").write_text(patch)
-        result: RunResult = run_sandboxed(
-            ["bash", str(task.runner.resolve()), str(run / "tests.patch"), str(run / "feature.patch")], tree, self.limits
-        )
+        patches = run / "patches"
+        patches.mkdir()
+        (patches / "tests.patch").write_text(task.feature(feature).tests_patch)
+        (patches / "feature.patch").write_text(patch)
+        names = ["tests.patch", "feature.patch"]
+        try:
+            if runner == "docker":
+                result: RunResult = run_in_container(task, names, patches, self.limits, network)
+            elif runner == "namespace":
+                clone(base, run / "repo")  # a git checkout at the base commit: CooperBench's runners reset and clean it
+                result = run_in_workspace(task.runner, names, run / "repo", patches, run, self.limits, network)
+            else:
+                tree = run / "tree"
+                tree.mkdir()
+                _export(base, commit, tree)
+                result = run_sandboxed(["bash", str(task.runner.resolve()), *(str(patches / n) for n in names)], tree, self.limits, network)
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
         ran = result.tests_run
-        shutil.rmtree(run, ignore_errors=True)
-        return FeatureResult(result.exit_code == 0 and ran >= 1, ran, result.exit_code, result.timed_out, result.output)
+        passed = result.exit_code == 0 and ran >= 1
+        hint = None if passed or network else runtimes.network_hint(result.output)
+        return FeatureResult(passed, ran, result.exit_code, result.timed_out, result.output, runner, hint, result.network)
 
     def score_pair(self, task: CoopTask, features: tuple[int, int], patches: tuple[str, str]) -> Score:
         """Two seats' patches, each implementing one of ``features`` (first patch: first feature)."""
@@ -170,7 +224,7 @@ class Scorer:
                 git(["merge", "--abort"], work, check=False)
                 tested = first  # CooperBench: the first patch alone against both features
             results = {n: self.run_feature(task, n, tested, Path(tmp)) for n in features}
-        return Score("conflict" if conflicts else "clean", conflicts, results, dict(zip(("1", "2"), status.values())), _network())
+        return Score("conflict" if conflicts else "clean", conflicts, results, dict(zip(("1", "2"), status.values())))
 
     def score_solo(self, task: CoopTask, features: tuple[int, ...], patch: str) -> Score:
         """One patch that should implement every feature in ``features``."""
@@ -187,8 +241,4 @@ class Scorer:
                 raise PatchError(f"the patch does not apply to the task's base commit: {err}") from None
             tested = diff_from_head(work)
             results = {n: self.run_feature(task, n, tested, Path(tmp)) for n in features}
-        return Score("clean", [], results, {"1": status}, _network())
-
-
-def _network() -> str:
-    return "namespace+guard" if namespace_available() else "guard"
+        return Score("clean", [], results, {"1": status})

@@ -4,8 +4,12 @@ A task is a folder ``{repo}_task/task{id}/`` holding ``runner.sh`` and, per feat
 ``feature{N}/feature.md`` (the request), ``feature.patch`` (gold) and ``tests.patch`` (hidden
 tests); the pairs are every two features. Its upstream tree is ``repo/`` inside the folder (the
 built-in tasks) or any local path given to :func:`load_task` (a real CooperBench task, whose
-repository is the upstream project at the task's fixed commit). Other files are ignored, as
-CooperBench's own folders hold extras (``resolution_patches/``, ``feature.filtered.patch``).
+repository is the upstream project at the task's fixed commit). A ``Dockerfile`` there is the task's
+image (``--runtime docker``); an optional ``coop.json`` may say ``"network": "allow"`` for a runner
+that must reach the network (pip installs; denied by default). Other files are ignored, as
+CooperBench's own folders hold extras (``resolution_patches/``, ``feature.filtered.patch``). The
+loader refuses a folder without ``runner.sh``, a feature without ``tests.patch``, and a patch that
+names a path outside the repository, naming the file.
 
 The built-in tasks add, per feature, ``visible.patch`` (tests a seat may run) and ``naive.patch``
 (the feature written without regard to the partner), and per task ``coop.json``: the repository's
@@ -30,6 +34,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scope_marl.envs.coop.git import unsafe_paths
+
+PATCH_FILES = ("feature.patch", "tests.patch", "visible.patch", "naive.patch")  # a feature's patches (the last two: built-in tasks)
 ARCHIVE = Path(__file__).with_name("tasks.tar.gz")  # the built-in tasks, written by scripts/generate_coop_tasks.py
 SPLITS = ("train", "validation", "test")
 
@@ -56,10 +63,17 @@ class CoopTask:
     features: dict[int, Feature]
     split: str = "train"
     naive_conflicts: frozenset[tuple[int, int]] = field(default_factory=frozenset)
+    network: str = "deny"  # coop.json's "network": "allow" for a runner that must reach one (pip installs)
 
     @property
     def runner(self) -> Path:
         return self.folder / "runner.sh"
+
+    @property
+    def dockerfile(self) -> Path | None:
+        """The task's image recipe, CooperBench's ``Dockerfile`` (the folder is its build context)."""
+        path = self.folder / "Dockerfile"
+        return path if path.is_file() else None
 
     def pairs(self) -> list[tuple[int, int]]:
         return list(itertools.combinations(sorted(self.features), 2))
@@ -131,13 +145,20 @@ def load_task(folder: str | Path, repo: str | Path | None = None) -> CoopTask:
         if missing:
             raise TaskError(f"{sub} lacks {', '.join(missing)} (each feature needs feature.md, feature.patch and tests.patch)")
         n = int(m.group(1))
+        patches = {name: _read(sub / name) for name in PATCH_FILES}
+        for name, text in patches.items():
+            bad = unsafe_paths(text)
+            if bad:
+                raise TaskError(
+                    f"{sub / name} names files outside the repository ({', '.join(bad)}); a patch may only name paths inside it"
+                )
         features[n] = Feature(
             n,
             (sub / "feature.md").read_text(),
-            (sub / "feature.patch").read_text(),
-            (sub / "tests.patch").read_text(),
-            _read(sub / "visible.patch"),
-            _read(sub / "naive.patch"),
+            patches["feature.patch"],
+            patches["tests.patch"],
+            patches["visible.patch"],
+            patches["naive.patch"],
         )
     if len(features) < 2:
         raise TaskError(f"{folder} has {len(features)} feature folder(s); a task needs at least two (feature1/, feature2/, ...)")
@@ -145,9 +166,12 @@ def load_task(folder: str | Path, repo: str | Path | None = None) -> CoopTask:
     split = meta.get("split", "train")
     if split not in SPLITS:
         raise TaskError(f"{folder}/coop.json: split {split!r} is not one of {', '.join(SPLITS)}")
+    network = meta.get("network", "deny")
+    if network not in ("allow", "deny"):
+        raise TaskError(f"{folder}/coop.json: network {network!r} is not allow or deny")
     repo_name = folder.parent.name.removesuffix("_task")
     conflicts = frozenset(tuple(sorted(p)) for p in meta.get("naive_conflicts", []))
-    return CoopTask(f"{repo_name}/{folder.name}", folder, repo, features, split, conflicts)
+    return CoopTask(f"{repo_name}/{folder.name}", folder, repo, features, split, conflicts, network)
 
 
 def load_tasks(root: str | Path | None = None) -> list[CoopTask]:
