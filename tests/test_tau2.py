@@ -18,7 +18,7 @@ from scope_marl.envs.tau2 import Tau2, validation_size
 from scope_marl.envs.tau2.convert import from_tau2, to_tau2
 from scope_marl.envs.tau2.env import SplitError, count_steps
 from scope_marl.envs.tau2.package import Tau2Missing, quiet_import
-from scope_marl.envs.tau2.trajectories import GREETING, empty, gold, perturbed, tau2_score
+from scope_marl.envs.tau2.trajectories import GREETING, Trajectory, empty, gold, perturbed, tau2_score
 from scope_marl.evaluation.replay import replay
 
 
@@ -173,6 +173,31 @@ def test_gold_replay_through_our_engine_scores_one_and_the_empty_agent_matches_t
     assert any(m.role == TOOL for m in episode.messages)
     nothing = replay(retail, t, from_tau2(empty(tau2_task).messages))
     assert nothing.rewards[AGENT] == tau2_score("retail", tau2_task, empty(tau2_task))
+
+
+def test_a_call_carried_for_another_role_keeps_its_requestor_and_scores_as_tau2_scores_it(telecom):
+    """A trajectory from elsewhere: a user's device call inside an agent message (tau2 routes a call by
+    its requestor, not by the message). The conversion used to rewrite the requestor to the message's
+    role, and tau2's evaluator then raised on the converted trajectory while it scores the original 1.0."""
+    m = quiet_import("tau2.data_model.message")
+    t = telecom.tasks("test")[0]
+    tau2_task = telecom.task_of(t)
+    messages = list(gold("telecom", tau2_task).messages)
+    k = next(i for i, msg in enumerate(messages) if msg.role == "user" and msg.tool_calls)
+    messages[k] = m.AssistantMessage(role="assistant", content=messages[k].content, tool_calls=messages[k].tool_calls)
+    original = Trajectory("user_call_in_agent_message", messages)
+    ours = from_tau2(messages)
+    carried = ours[k - 1 if messages[0].role == "system" else k]
+    assert carried.role == AGENT and {c.requestor for c in carried.tool_calls} == {USER}
+    back = to_tau2(ours)
+    requestors = lambda msgs: [[c.requestor for c in (getattr(x, "tool_calls", None) or [])] for x in msgs if x.role != "system"]
+    assert requestors(back) == requestors(messages)
+    assert tau2_score("telecom", tau2_task, Trajectory("back", back)) == tau2_score("telecom", tau2_task, original) == 1.0
+    assert telecom.evaluate(t, ours).reward == 1.0  # our scoring of the episode, through the same conversion
+    assert from_tau2(back) == ours
+    # calls a model wrote here carry no requestor, and episodes serialize as before
+    plain = ToolCall(id="c", name="f", arguments={})
+    assert plain.requestor is None and "requestor" not in plain.model_dump_json()
 
 
 @pytest.mark.integration

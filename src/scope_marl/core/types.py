@@ -24,13 +24,24 @@ def _omit_none(data: dict, keys: tuple[str, ...]) -> dict:
 
 
 class ToolCall(BaseModel):
-    """One call of an environment tool (the OpenAI function-call shape): ``arguments`` is a JSON object."""
+    """One call of an environment tool (the OpenAI function-call shape): ``arguments`` is a JSON object.
+
+    ``requestor``: the role whose tools the call uses and who gets its result. None (always, for
+    calls a model wrote here) means the role of the message that carries the call; it is set only
+    where a trajectory from elsewhere carries a call for another role (tau2: a user's device call
+    inside an agent message), so converting it back gives the trajectory it came from.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     id: str
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    requestor: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler):
+        return _omit_none(handler(self), ("requestor",))
 
 
 class Message(BaseModel):

@@ -258,7 +258,7 @@ class RolloutEngine:
         """Execute a turn's calls in order (answering unparsable ones with an error); the caller
         speaks next, unless a cap or the environment ends the episode."""
         episode = entry.episode
-        results = {call_id: (f"Error: {reason}", True) for call_id, reason in parsed.malformed}
+        results = {call_id: (f"Error: {reason}", True, role) for call_id, reason in parsed.malformed}
         episode.tool_errors = (episode.tool_errors or 0) + len(parsed.malformed)
         for call in parsed.calls:
             entry.tool_calls += 1
@@ -272,11 +272,11 @@ class RolloutEngine:
             except Exception as err:  # the environment's own failure, not the caller's: this episode only
                 self._end(entry, EpisodeStatus.FAILED, f"the environment failed on {call.name} ({type(err).__name__}: {err})")
                 return
-            results[call.id] = (self._cleaned(entry, result.content), bool(result.error))
+            results[call.id] = (self._cleaned(entry, result.content), bool(result.error), call.requestor or role)
         order = [c.id for c in parsed.calls] + [call_id for call_id, _ in parsed.malformed]
         for call_id in sorted(order, key=lambda i: int(i.rsplit("-", 1)[1])):
-            content, error = results[call_id]
-            episode.messages.append(Message(role=TOOL, content=content, tool_call_id=call_id, requestor=role, error=error))
+            content, error, requestor = results[call_id]
+            episode.messages.append(Message(role=TOOL, content=content, tool_call_id=call_id, requestor=requestor, error=error))
         if self._over_steps(entry):
             return
         if self.env.is_done(entry.task, episode.messages):

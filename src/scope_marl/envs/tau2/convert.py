@@ -2,8 +2,10 @@
 
 Roles: our ``agent`` is tau2's ``assistant`` (a requestor too), ``user`` is ``user``, ``tool`` is
 ``tool``. Fields map one to one (content, tool calls with id / name / arguments / requestor, a tool
-result's call id, requestor and error flag), so ours -> tau2 -> ours is the identity, with two
-things tau2 has no field for, carried in the call message's ``raw_data``:
+result's call id, requestor and error flag), so ours -> tau2 -> ours and tau2 -> ours -> tau2 are the
+identity. A call's requestor is kept only where it differs from its message's role (a user's device
+call inside an agent message): ``ToolCall.requestor`` is None otherwise. Two things tau2 has no field
+for are carried in the call message's ``raw_data``:
 
 - ``raw``: a model's verbatim turn when its text held tool-call markup;
 - results of calls that did not parse: tau2 replays every call of a trajectory and requires each
@@ -49,7 +51,10 @@ def to_tau2(messages: Sequence[Message]) -> list:
         role = TAU2_ROLE[message.role]
         calls = None
         if message.tool_calls is not None:
-            calls = [m.ToolCall(id=c.id, name=c.name, arguments=dict(c.arguments), requestor=role) for c in message.tool_calls]
+            calls = [
+                m.ToolCall(id=c.id, name=c.name, arguments=dict(c.arguments), requestor=TAU2_ROLE[c.requestor] if c.requestor else role)
+                for c in message.tool_calls
+            ]
         raw_data = {"raw": message.raw} if message.raw is not None else None
         cls = m.AssistantMessage if role == "assistant" else m.UserMessage
         out.append(cls(role=role, content=message.content or None, tool_calls=calls, raw_data=raw_data))
@@ -80,7 +85,12 @@ def from_tau2(messages: Sequence) -> list[Message]:
         raw_data = message.raw_data or {}
         calls = None
         if message.tool_calls is not None:
-            calls = [ToolCall(id=c.id, name=c.name, arguments=dict(c.arguments)) for c in message.tool_calls]
+            calls = [
+                ToolCall(
+                    id=c.id, name=c.name, arguments=dict(c.arguments), requestor=None if c.requestor == role else OUR_ROLE[c.requestor]
+                )
+                for c in message.tool_calls
+            ]
         out.append(Message(role=OUR_ROLE[role], content=message.content or "", tool_calls=calls, raw=raw_data.get("raw")))
         pending = [
             Message(role=TOOL, content=u["content"], tool_call_id=u["id"], requestor=OUR_ROLE[role], error=True)

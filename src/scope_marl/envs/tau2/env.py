@@ -195,8 +195,9 @@ class Tau2(Environment):
 
     def execute(self, task: Task, state, role: str, call: ToolCall) -> Message:
         m = quiet_import("tau2.data_model.message")
-        result = state.get_response(m.ToolCall(id=call.id, name=call.name, arguments=dict(call.arguments), requestor=TAU2_ROLE[role]))
-        return Message(role=TOOL, content=result.content or "", tool_call_id=result.id, requestor=role, error=result.error)
+        requestor = call.requestor or role  # a call carried for another role uses that role's tools, as tau2 routes it
+        result = state.get_response(m.ToolCall(id=call.id, name=call.name, arguments=dict(call.arguments), requestor=TAU2_ROLE[requestor]))
+        return Message(role=TOOL, content=result.content or "", tool_call_id=result.id, requestor=requestor, error=result.error)
 
     def termination(self, task: Task, messages: Sequence[Message]) -> str | None:
         """tau2's termination reason after ``messages`` (None: play on)."""
