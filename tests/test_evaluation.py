@@ -220,7 +220,7 @@ def test_evaluating_twice_with_the_same_seed_gives_identical_numbers(agent):
 
 
 @pytest.mark.integration
-def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_model_dir, tmp_path):
+def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_model_dir, tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner
 
@@ -290,6 +290,22 @@ def test_periodic_panel_evaluation_then_scope_eval_and_report_on_the_run(tiny_mo
     assert best == run / "checkpoints" / trainer.best[1] and trainer.best[1].startswith("step-")
     agent = load_agent(str(run))
     assert agent.adapter == "agent" and agent.label == str(best) and agent.step == int(trainer.best[1][5:])
+    # scope eval on a run still training: the run prunes the chosen checkpoint while evaluation loads
+    # the base model; evaluation reads the checkpoint it held, and says which one it was
+    keep = tmp_path / "keep"
+    __import__("shutil").copytree(best, keep)
+    real_get = ModelCache.get
+
+    def pruning_get(self, spec):
+        __import__("shutil").rmtree(best, ignore_errors=True)
+        return real_get(self, spec)
+
+    monkeypatch.setattr(ModelCache, "get", pruning_get)
+    held = load_agent(str(run))
+    monkeypatch.undo()
+    assert held.label == str(best) and held.step == agent.step and held.adapter == "agent"
+    assert not best.exists()
+    keep.rename(best)
     moved = tmp_path / "moved-run"
     run.rename(moved)  # the best checkpoint is stored by name, so a moved run still finds it
     assert resolve_checkpoint(moved) == moved / "checkpoints" / trainer.best[1]

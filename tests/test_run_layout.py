@@ -47,3 +47,31 @@ def test_resolve_checkpoint_finds_the_best_else_the_last(tmp_path):
 def test_resolve_checkpoint_on_an_empty_directory_names_run_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="RUN_DIR"):
         run_layout.resolve_checkpoint(tmp_path)
+
+
+def test_a_held_checkpoint_outlives_pruning_and_one_pruned_before_it_is_held_is_chosen_again(tmp_path, monkeypatch):
+    """scope eval on a run still training: the newest checkpoint is chosen, the run saves a newer one
+    and prunes the chosen one before it is held; holding chooses again and holds the newer one, whose
+    files then outlive the run's pruning of it too."""
+    import shutil
+
+    run = tmp_path / "run"
+    make_checkpoint(run, 1)
+    make_checkpoint(run, 2)
+    real = run_layout._link_or_copy
+    raced = []
+
+    def racing(src: str, dst: str) -> None:
+        if not raced:  # the run moves on between choosing and holding
+            raced.append(src)
+            (make_checkpoint(run, 3) / "weights.bin").write_bytes(b"w" * 64)
+            shutil.rmtree(run_layout.checkpoint_dir(run, 2))
+        real(src, dst)
+
+    monkeypatch.setattr(run_layout, "_link_or_copy", racing)
+    chosen, held = run_layout.hold_checkpoint(run, tmp_path / "hold")
+    assert raced and chosen == run_layout.checkpoint_dir(run, 3) and held == tmp_path / "hold" / "step-000003"
+    shutil.rmtree(chosen)  # pruned after it was held
+    assert run_layout.read_state(held)["step"] == 3 and (held / "weights.bin").read_bytes() == b"w" * 64
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint directory"):
+        run_layout.hold_checkpoint(tmp_path / "empty", tmp_path / "hold2")

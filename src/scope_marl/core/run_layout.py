@@ -22,6 +22,8 @@ A neutral module below both, so neither has to import the other to find a checkp
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 CONFIG = "config.yaml"
@@ -48,6 +50,39 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints (with their state file), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     return sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir() and (p / STATE).exists()) if root.exists() else []
+
+
+HOLD_TRIES = 5
+
+
+def hold_checkpoint(path: Path, dest: Path) -> tuple[Path, Path]:
+    """The checkpoint ``path`` names (itself, or a run directory's best, else newest), held at
+    ``dest/<its name>`` so a run still training cannot prune it mid-read: its files hard-linked there
+    (a pruned checkpoint's files live on through the links; a copy where the filesystem refuses links).
+    A checkpoint pruned between choosing and holding it is chosen again (the run's newer one).
+    Returns (the checkpoint chosen, the held folder)."""
+    for attempt in range(HOLD_TRIES):
+        chosen = None
+        try:
+            chosen = resolve_checkpoint(path)
+            held = Path(dest) / chosen.name
+            shutil.copytree(chosen, held, copy_function=_link_or_copy)
+            read_state(held)  # the copy is whole: its state file came along
+            return chosen, held
+        except (FileNotFoundError, shutil.Error):  # copytree gathers a vanished file's error into shutil.Error
+            pruned = (chosen is not None and not chosen.exists()) or (chosen is None and bool(list_checkpoints(path)))
+            if not pruned or attempt == HOLD_TRIES - 1:
+                raise
+            if chosen is not None:
+                shutil.rmtree(Path(dest) / chosen.name, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or links not allowed: copy
+        shutil.copy2(src, dst)
 
 
 def read_state(checkpoint: Path) -> dict:

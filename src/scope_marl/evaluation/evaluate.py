@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import tempfile
 import typing
 import weakref
 from collections import defaultdict
@@ -104,25 +105,28 @@ def load_agent(checkpoint_or_base: str, model: str | None = None, models: ModelC
         spec = model or "embedded"
         chat = models.get(spec)
         return AgentUnderTest(chat, None, "base", models, spec=spec)
-    path = run_layout.resolve_checkpoint(Path(checkpoint_or_base))
-    run_config = run_layout.run_dir_of(path) / run_layout.CONFIG
-    if model is None and not run_config.exists():
-        raise FileNotFoundError(
-            f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)"
-        )
-    spec = model or load_saved_config(run_config, TrainConfig).model
-    base = models.get(spec)
-    step = run_layout.read_state(path)["step"]
-    if run_layout.weights_path(path, "agent").exists():  # full fine-tuning: the agent is its own copy
-        agent = load_backend(spec, models.placement)
-        agent.load_weights(run_layout.weights_path(path, "agent"))
-        return AgentUnderTest(agent, None, str(path), models, step, spec)
-    if run_layout.sharded_path(path, "agent").is_dir():  # ... written shard by shard (FSDP2): read whole here
-        agent = load_backend(spec, models.placement)
-        load_shards(agent.model, run_layout.sharded_path(path, "agent"))
-        return AgentUnderTest(agent, None, str(path), models, step, spec)
-    base.add_adapter(name, str(run_layout.saved_adapter(path, "agent")))
-    return AgentUnderTest(base, name, str(path), models, step, spec)
+    # A run may still be training: hold the checkpoint before the slow base load, so its pruning of
+    # old checkpoints cannot delete this one mid-read (the label names the checkpoint chosen).
+    with tempfile.TemporaryDirectory(prefix="scope-eval-hold-") as tmp:
+        path, held = run_layout.hold_checkpoint(Path(checkpoint_or_base), Path(tmp))
+        run_config = run_layout.run_dir_of(path) / run_layout.CONFIG
+        if model is None and not run_config.exists():
+            raise FileNotFoundError(
+                f"{path} is not inside a run directory (no {run_config}), so its base model is unknown; pass --model SPEC (e.g. --model embedded)"
+            )
+        spec = model or load_saved_config(run_config, TrainConfig).model
+        base = models.get(spec)
+        step = run_layout.read_state(held)["step"]
+        if run_layout.weights_path(held, "agent").exists():  # full fine-tuning: the agent is its own copy
+            agent = load_backend(spec, models.placement)
+            agent.load_weights(run_layout.weights_path(held, "agent"))
+            return AgentUnderTest(agent, None, str(path), models, step, spec)
+        if run_layout.sharded_path(held, "agent").is_dir():  # ... written shard by shard (FSDP2): read whole here
+            agent = load_backend(spec, models.placement)
+            load_shards(agent.model, run_layout.sharded_path(held, "agent"))
+            return AgentUnderTest(agent, None, str(path), models, step, spec)
+        base.add_adapter(name, str(run_layout.saved_adapter(held, "agent")))
+        return AgentUnderTest(base, name, str(path), models, step, spec)
 
 
 def load_shards(model, folder: Path) -> None:
@@ -407,6 +411,8 @@ def evaluate_checkpoint(
         raise ValueError(f"--split {unknown_splits[0]!r} is not a split; use one of {', '.join(allowed)}")
     splits = list(dict.fromkeys(splits)) or [chosen.split]
     agent = load_agent(checkpoint, model)
+    if agent.step is not None:
+        log(f"agent: {agent.label} (step {agent.step})")
     where = ExecutorSettings(executor="ray", ray=ray) if ray is not None else ExecutorSettings()
     executor = open_executor(where, factory=None)  # jobs only: each job builds what it plays
     try:
