@@ -318,3 +318,36 @@ def test_torchrun_trains_one_run_on_two_data_parallel_ranks_and_resumes_exactly(
     shutil.rmtree(run_layout.checkpoint_dir(tmp_path / "dp", 2))
     torchrun("--resume", str(tmp_path / "dp"))
     assert read("dp") == (dp_eps, dp_metrics)
+
+
+def test_config_edited_before_resume_is_applied_field_by_field_or_refused(tiny_model_dir, tmp_path):
+    """config.yaml edited between a stop and --resume: the learning rate (changeable) is applied to the
+    restored optimizer and recorded in the next step's metrics; the LoRA rank (not changeable) is an
+    error naming the field, before any model is built, and nothing in the run is touched."""
+    import yaml
+
+    from scope_marl.training.config_edits import ConfigEditRefused
+
+    run = tmp_path / "run"
+    cfg = config(tiny_model_dir, steps=1, checkpoint_every=1, eval={"every": 0})
+    start(TrainConfig.model_validate(cfg), run).run(progress=False)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+
+    edited = {**saved, "lora": {**saved["lora"], "r": 8}}
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    with pytest.raises(ConfigEditRefused, match=r"lora\.r: 4 -> 8.*Put them back, or start a new run"):
+        resume(run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001"]  # nothing set aside
+
+    edited = {**saved, "steps": 2, "learner": {**saved["learner"], "lr": 0.5}}
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    said = []
+    trainer = resume(run, said.append)
+    assert all(g["lr"] == 0.5 for g in trainer.learners["agent"].optimizer.param_groups)
+    assert any("learner.lr 0.01 -> 0.5" in line for line in said)
+    trainer.run(progress=False)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+    assert lines[1]["config_edits"] == {"learner.lr": [0.01, 0.5], "steps": [1, 2]} and "config_edits" not in lines[0]
+    state = json.loads((run / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["config"]["learner"]["lr"] == 0.5  # the next resume compares against what step 2 ran with

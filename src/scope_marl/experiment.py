@@ -16,12 +16,14 @@ from pathlib import Path
 
 from scope_marl.assembly import build_env, build_rollout
 from scope_marl.config import RolloutRunConfig, TrainConfig, dump_config
+from scope_marl.core import run_layout
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
 from scope_marl.evaluation.periodic import PanelEvaluator
 from scope_marl.executor import open_executor
 from scope_marl.rollout import RolloutRecorder, summarize
 from scope_marl.training import data_parallel
+from scope_marl.training.config_edits import check_edits
 from scope_marl.training.run_dir import RunDir
 from scope_marl.training.trainer import Trainer
 
@@ -82,7 +84,25 @@ def _open_existing(run_dir: str | Path) -> tuple[RunDir, TrainConfig]:
 
 def _restored(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> Trainer:
     with run.released_on_error():
-        return Trainer(cfg, run, evaluator_for(cfg)).restore(log)
+        edits = _config_edits(run, cfg, log)  # before any model is built: a refused edit is about the config
+        trainer = Trainer(cfg, run, evaluator_for(cfg)).restore(log)
+        trainer.config_edits = edits
+        return trainer
+
+
+def _config_edits(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> dict[str, list]:
+    """config.yaml against the config the newest checkpoint ran with: the edits a resume applies
+    (logged), or ConfigEditRefused naming the fields it cannot change."""
+    saved = run_layout.list_checkpoints(run.path)
+    if not saved:
+        return {}
+    state = run_layout.read_state(saved[-1])
+    edits = check_edits(state.get("config"), cfg.model_dump(mode="json"), state["step"], str(run.path))
+    for field, (old, new) in edits.items():
+        log(
+            f"config.yaml changed since step {state['step']}: {field} {old!r} -> {new!r} (applied from the next step, recorded in its metrics)"
+        )
+    return edits
 
 
 def train(

@@ -77,6 +77,7 @@ class Trainer:
         self.run_dir = self.dir.path
         self.evaluator = evaluator
         self.cfg = cfg
+        self.config_edits: dict[str, list] = {}  # config.yaml edits a resume applied: recorded in the next step's metrics
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         if cfg.deterministic:
@@ -175,6 +176,8 @@ class Trainer:
             record["simulator"] = reported
         if self.population is not None:
             self.population.record(record)
+        if self.config_edits:
+            record["config_edits"], self.config_edits = self.config_edits, {}
         update_started = time.perf_counter()
         for role, learner in self.learners.items():
             record[f"train_{role}"] = learner.step(episodes)  # under data parallelism each rank trains on its groups
@@ -273,7 +276,7 @@ class Trainer:
             chat=self.chat,
             adapters=self._saved_adapters(),
             optimizers={role: learner.optimizer for role, learner in self.learners.items() if not (self.sharded and role == AGENT)},
-            state={"cursor": self.cursor, "best": self.best, **population},
+            state={"cursor": self.cursor, "best": self.best, "config": self.cfg.model_dump(mode="json"), **population},
             engine_state=self.engine.state_dict(),
             weights={ADAPTERS[AGENT]: self.agent_chat} if self.full and not self.sharded else None,
             sharded={ADAPTERS[AGENT]: (self.agent_chat.model, self.learners[AGENT].optimizer)} if self.sharded else None,
@@ -325,6 +328,8 @@ class Trainer:
         for role, learner in self.learners.items():
             if not (self.sharded and role == AGENT):
                 learner.optimizer.load_state_dict(optimizers[role])
+            for group in learner.optimizer.param_groups:  # the config's (a resume may change them: config_edits.py)
+                group["lr"], group["weight_decay"] = learner.config.lr, learner.config.weight_decay
         checkpoint.restore_rng(rng)
         self.engine.load_state_dict(rng["engine"])
         self.step, self.cursor, self.best = state["step"], state["cursor"], state["best"]
