@@ -80,23 +80,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--participants", type=int, default=50)
-    parser.add_argument("--messages", type=int, default=5, help="participant messages each")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="study-load-"))
-    study, db, port = work / "study.yaml", work / "study.sqlite", free_port()
-    study.write_text(
-        "title: Load test\n"
-        f"conditions:\n  - {{name: a, model: '{AGENT}'}}\n  - {{name: b, model: '{AGENT}'}}\n"
-        "env: {name: p4g, source: synthetic, synthetic_tasks: 50}\n"
-        "limits: {max_turns: 20, requests_per_minute: 600, queue: 256}\n"
+def new_study(title: str, conditions: str, limits: str, tasks: int, participants: int) -> tuple[Path, Path, list[str], str]:
+    """A study file (synthetic P4G tasks) and its database in a new folder, with ``participants``
+    invited; (folder, database, tokens, admin key)."""
+    work = Path(tempfile.mkdtemp(prefix="study-bench-"))
+    (work / "study.yaml").write_text(
+        f"title: {title}\nconditions:\n{conditions}env: {{name: p4g, source: synthetic, synthetic_tasks: {tasks}}}\nlimits: {limits}\n"
     )
-    store = Store(db)
-    tokens = store.invite(args.participants)
-    admin_key = store.secret("admin_key")
-    store.close()
+    store = Store(work / "study.sqlite")
+    try:
+        return work, work / "study.sqlite", store.invite(participants), store.secret("admin_key")
+    finally:
+        store.close()
+
+
+def start_server(work: Path, study: Path, db: Path, port: int) -> tuple[subprocess.Popen, str]:
+    """``scope study serve`` in its own process group (log in WORK/server.log), once it answers; (process, base URL)."""
     log = (work / "server.log").open("wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "scope_marl.cli", "study", "serve", str(study), "--db", str(db), "--port", str(port)],
@@ -105,15 +104,26 @@ def main() -> None:
         start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(base + "/", timeout=1).status_code == 200:
+                return server, base
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    os.killpg(server.pid, signal.SIGTERM)
+    raise SystemExit(f"the server did not start; see {work / 'server.log'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--participants", type=int, default=50)
+    parser.add_argument("--messages", type=int, default=5, help="participant messages each")
+    args = parser.parse_args()
+    conditions = f"  - {{name: a, model: '{AGENT}'}}\n  - {{name: b, model: '{AGENT}'}}\n"
+    limits = "{max_turns: 20, requests_per_minute: 600, queue: 256}"
+    work, db, tokens, admin_key = new_study("Load test", conditions, limits, 50, args.participants)
+    server, base = start_server(work, work / "study.yaml", db, free_port())
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(base + "/", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit(f"the server did not start; see {work / 'server.log'}")
         latencies, sent, seconds = asyncio.run(run_all(base, tokens, args.messages))
         with httpx.Client(base_url=base) as admin:
             admin.post("/admin/login", data={"key": admin_key})

@@ -13,9 +13,14 @@ import hashlib
 import hmac
 import json
 import logging
+import multiprocessing
+import re
+import secrets
 import threading
 import time
 from collections import defaultdict, deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from urllib.parse import parse_qs, quote
 
 try:
@@ -103,7 +108,116 @@ class BodyLimit:
         return await self.app(scope, receive, send)
 
 
+class SecurityHeaders:
+    """Headers every response gets unless its route set them (ASGI middleware): the CSP above (no
+    framing, only the server's own scripts and styles), X-Frame-Options for older browsers, no MIME
+    sniffing, no Referer (it would carry a participant's link); admin pages are never cached."""
+
+    HEADERS = (
+        (b"content-security-policy", CSP.encode()),
+        (b"x-frame-options", b"DENY"),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+    )
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        extra = [*self.HEADERS, *([(b"cache-control", b"no-store")] if scope["path"].startswith("/admin") else [])]
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message = {**message, "headers": [*message.get("headers", []), *((n, v) for n, v in extra if n not in present)]}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_headers)
+
+
+ADMIN_SESSION_SECONDS = 8 * 3600  # an admin signs in again after this, or after the server restarts
+
+
+class AdminSessions:
+    """Signed-in admins: a random session id per sign-in (the cookie), kept here as its hash with an
+    expiry; signing out or a restart ends it. The admin key itself is never a cookie."""
+
+    def __init__(self, seconds: float = ADMIN_SESSION_SECONDS):
+        self.seconds = seconds
+        self._expiry: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(session: str) -> bytes:
+        return hashlib.sha256(session.encode("utf-8", "backslashreplace")).digest()
+
+    def start(self) -> str:
+        session = secrets.token_urlsafe(32)
+        now = time.monotonic()
+        with self._lock:
+            self._expiry = {k: t for k, t in self._expiry.items() if t > now}  # forget expired ones
+            self._expiry[self._key(session)] = now + self.seconds
+        return session
+
+    def valid(self, session: str) -> bool:
+        with self._lock:
+            expiry = self._expiry.get(self._key(session))
+        return expiry is not None and time.monotonic() < expiry
+
+    def end(self, session: str) -> None:
+        with self._lock:
+            self._expiry.pop(self._key(session), None)
+
+
+_TOKEN_IN_PATH = re.compile(r"^/(s|api)/([^/]{6})[^/]*")
+
+
+def redacted(path: str) -> str:
+    """A request path for the log: a participant's token cut to its first 6 characters (the database
+    keeps only hashes of tokens, so the log must not hold them whole)."""
+    return _TOKEN_IN_PATH.sub(lambda m: f"/{m.group(1)}/{m.group(2)}…", path)
+
+
 DONATION_CHARS = 300  # a donation statement; the parser's time grows with the square of its length
+
+
+class DonationParser:
+    """Donation statements parsed in a process of their own, one at a time. Parsing is pure Python
+    and holds the GIL: on the event loop it stalls everyone, and even on threads eight worst-case
+    statements left GET / waiting 0.2-0.7 s behind them (bench/study_hostile.py). The process starts
+    at the first statement (about 0.4 s) and is started again if it dies."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _current(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                # spawn, not fork: the server process has threads (the reply worker, torch's)
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            return self._pool
+
+    async def parse(self, text: str) -> float | None:
+        for attempt in range(2):
+            pool = self._current()
+            try:
+                return await asyncio.wrap_future(pool.submit(parse_donation, text))
+            except BrokenProcessPool:
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def same_secret(given: str, secret: str) -> bool:
@@ -143,8 +257,8 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
     per_token = RateLimiter(limits.requests_per_minute)
     admin_attempts = RateLimiter(10)
     admin_key = store.secret("admin_key")
-    # The cookie holds a value derived from the key, not the key itself.
-    admin_session = hmac.new(admin_key.encode(), b"scope-study-admin-session", hashlib.sha256).hexdigest()
+    sessions = AdminSessions()
+    donations = app.state.donations = DonationParser()
     static = {name: pages.static_text(name) for name in ("chat.html", "chat.js", "style.css")}
 
     # ---- errors: a clear message, never a trace ----------------------------------------------------
@@ -166,7 +280,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, err: Exception):
-        log.exception("error while serving %s", request.url.path)
+        log.exception("error while serving %s", redacted(request.url.path))
         return refuse(
             request, 500, "something went wrong on our side; what you sent before is saved. Reload the page in a moment.", "Server error"
         )
@@ -330,7 +444,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         text = text_field(await body(request), "text")
         if not text or len(text) > DONATION_CHARS:
             raise Refused(f"write how much you give, in at most {DONATION_CHARS} characters (for example: I give $0.50)", status=400)
-        amount = await asyncio.to_thread(parse_donation, text)  # CPU work: never on the loop that serves everyone
+        amount = await donations.parse(text)  # CPU work: in its own process, never on the loop that serves everyone
         if amount is not None:
             amount = min(max(amount, 0.0), PAYMENT)
         store.state_donation(p.id, text, amount)
@@ -387,7 +501,7 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
 
     # ---- admin -------------------------------------------------------------------------------------
     def is_admin(request: Request) -> bool:
-        return same_secret(request.cookies.get(ADMIN_COOKIE, ""), admin_session)
+        return sessions.valid(request.cookies.get(ADMIN_COOKIE, ""))
 
     @app.get("/admin", response_class=HTMLResponse)
     def admin(request: Request):
@@ -405,7 +519,18 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         if not same_secret(key, admin_key):
             return HTMLResponse(pages.admin_login("wrong admin key"), status_code=403)
         response = RedirectResponse("/admin", status_code=303)
-        response.set_cookie(ADMIN_COOKIE, admin_session, httponly=True, samesite="strict")
+        # Secure when the request came over HTTPS (directly, or through a proxy uvicorn trusts for X-Forwarded-Proto).
+        response.set_cookie(
+            ADMIN_COOKIE, sessions.start(), max_age=int(sessions.seconds), httponly=True, samesite="strict",
+            secure=request.url.scheme == "https", path="/admin",
+        )  # fmt: skip
+        return response
+
+    @app.post("/admin/logout")
+    def admin_logout(request: Request):
+        sessions.end(request.cookies.get(ADMIN_COOKIE, ""))
+        response = RedirectResponse("/admin", status_code=303)
+        response.delete_cookie(ADMIN_COOKIE, path="/admin")
         return response
 
     @app.post("/admin/invite", response_class=HTMLResponse)
@@ -431,4 +556,5 @@ def create_app(config: StudyConfig, store: Store, conditions: Conditions, worker
         raise StarletteHTTPException(404)
 
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
+    app.add_middleware(SecurityHeaders)
     return app

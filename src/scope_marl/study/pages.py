@@ -57,7 +57,8 @@ def admin_dashboard(title: str, progress: dict[str, dict[str, int]], target: int
         f"generate calls {len(batch_sizes)}, mean rows per call {mean_batch}</p>"
         "<form method='post' action='/admin/invite'><label>New invitations <input type='number' name='n' value='10' min='1' max='1000'></label> "
         "<button type='submit'>Create links</button></form>"
-        "<p>Export: <a href='/admin/export.jsonl'>participants.jsonl</a> · <a href='/admin/export.csv'>participants.csv</a></p>",
+        "<p>Export: <a href='/admin/export.jsonl'>participants.jsonl</a> · <a href='/admin/export.csv'>participants.csv</a></p>"
+        "<form method='post' action='/admin/logout'><button type='submit'>Sign out</button></form>",
     )
 
 

@@ -25,6 +25,7 @@ class StudyServer:
 
     def close(self) -> None:
         self.worker.stop()
+        self.app.state.donations.close()
         self.store.close()
 
 
