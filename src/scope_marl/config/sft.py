@@ -1,4 +1,5 @@
-"""``scope sft`` configs: supervised fine-tuning of a user simulator on the corpus's human persuadee turns."""
+"""``scope sft`` configs: supervised fine-tuning of a user simulator on the corpus's human persuadee turns, or of
+any role on a file of chat examples."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ class SFTConfig(Section):
     env: P4GConfig = Field(
         default_factory=lambda: P4GConfig(name="p4g", source="corpus"),
         description="the P4G corpus (source: corpus): its train split is trained on, its validation split scored",
+    )
+    examples: str | None = Field(
+        None,
+        description="a JSONL file of chat examples to train on instead of the corpus: one object per line with context "
+        "(a list of {role: system|user|assistant, content}), target (the reply to learn) and split (train | validation)",
+    )
+    merge: bool = Field(
+        False,
+        description="finetune: lora only: also export RUN_DIR/model, the base with the adapter merged into its weights "
+        "(hf:RUN_DIR/model starts a later run from the fine-tuned policy, and its adapters-off policy is that one)",
     )
     finetune: Literal["lora", "full"] = Field("lora", description="a LoRA adapter, or every weight of its own copy")
     lora: LoraSettings = Field(default_factory=LoraSettings)

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of a user simulator on the corpus's human persuadee turns (``scope sft``).
+"""Supervised fine-tuning of a user simulator on the corpus's human persuadee turns (``scope sft``), or of
+any role on a file of chat examples (``examples:``; the lab's agent warm start).
 
 Each example is one human persuadee turn of a P4G corpus dialogue of the TRAIN split (by default
 each dialogue's first ``env.max_exchanges`` persuadee turns: the states a rollout of that
@@ -90,6 +91,39 @@ def persuadee_turns(env, split: str, horizon: int | None = None) -> list[Turn]:
     return turns
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def example_turns(path: str | Path, split: str) -> list[Turn]:
+    """The examples of ``split`` in a JSONL file of chat examples (``SFTConfig.examples``), in file order."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"examples file {path} does not exist")
+    turns = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+            context = [Message(role=m["role"], content=m["content"]) for m in row["context"]]
+            target, row_split = row["target"], row["split"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{where}: not a chat example ({err}); each line is {{context: [{{role, content}}...], target: TEXT, split: train|validation}}"
+            ) from None
+        if row_split not in ("train", "validation") or not isinstance(target, str) or not target.strip():
+            raise ValueError(f"{where}: split must be train or validation and target a non-empty text")
+        bad = [m.role for m in context if m.role not in CHAT_ROLES]
+        if bad:
+            raise ValueError(f"{where}: context role {bad[0]!r} is not one of {', '.join(CHAT_ROLES)}")
+        if row_split == split:
+            turns.append(Turn(f"example-{number}", context, target))
+    return turns
+
+
 def encode(chat: HFChatModel, turn: Turn) -> RoleStream:
     """The turn as a stream: the rendered context as the prompt, the human's message plus the
     end-of-turn token as the response, every response token in the loss."""
@@ -119,10 +153,13 @@ class SFTRun:
         self.chat = ModelCache(placement).get(cfg.model)
         if not isinstance(self.chat, HFChatModel):
             raise ValueError(f"scope sft needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
-        env = build_env(cfg.env)
-        # The turns a rollout can reach: each dialogue's first env.max_exchanges persuadee turns (all_turns: every one).
-        horizon = None if cfg.all_turns else cfg.env.max_exchanges
-        train, val = persuadee_turns(env, "train", horizon), persuadee_turns(env, "validation", horizon)
+        if cfg.examples is not None:
+            train, val = example_turns(cfg.examples, "train"), example_turns(cfg.examples, "validation")
+        else:
+            env = build_env(cfg.env)
+            # The turns a rollout can reach: each dialogue's first env.max_exchanges persuadee turns (all_turns: every one).
+            horizon = None if cfg.all_turns else cfg.env.max_exchanges
+            train, val = persuadee_turns(env, "train", horizon), persuadee_turns(env, "validation", horizon)
         random.Random(cfg.seed).shuffle(train)
         self.train_turns = train[: cfg.max_train_turns] if cfg.max_train_turns else train
         self.val_turns = val[: cfg.max_val_turns]
@@ -130,7 +167,9 @@ class SFTRun:
         self.train = [encode(self.chat, t) for t in self.train_turns]
         self.val = [encode(self.chat, t) for t in self.val_turns]
         if not self.train:
-            raise ValueError("the training split holds no persuadee turns; check env.data_dir")
+            raise ValueError(f"the training split holds no examples; check {cfg.examples or 'env.data_dir'}")
+        if cfg.merge and cfg.finetune != "lora":
+            raise ValueError("merge: true merges a LoRA adapter into the base; with finetune: full RUN_DIR/model is the model already")
         learner = LearnerConfig(
             lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, token_budget=cfg.token_budget, kl_coef=0.0
         )
@@ -219,7 +258,20 @@ class SFTRun:
         last = run_layout.list_checkpoints(self.run_dir)[-1]
         with files.atomic_directory(self.run_dir / EXPORT_ADAPTER) as tmp:
             shutil.copytree(run_layout.saved_adapter(last, ADAPTER), tmp, dirs_exist_ok=True)
+        if self.cfg.merge:
+            self.export_merged()
         return self.run_dir / EXPORT_ADAPTER
+
+    def export_merged(self) -> Path:
+        """RUN_DIR/model: a fresh copy of the base with RUN_DIR/adapter merged into its weights (peft's merge)."""
+        from peft import PeftModel
+
+        base = load_backend(self.cfg.model, resolve_placement(self.cfg.hardware))
+        merged = PeftModel.from_pretrained(base.model, str(self.run_dir / EXPORT_ADAPTER)).merge_and_unload()
+        with files.atomic_directory(self.run_dir / EXPORT_MODEL) as tmp:
+            merged.save_pretrained(tmp)
+            base.tokenizer.save_pretrained(tmp)
+        return self.run_dir / EXPORT_MODEL
 
     def restore(self, log: Callable[[str], None] = print) -> SFTRun:
         """Continue from the newest whole checkpoint (weights, optimizer, RNG, step); metric lines of
