@@ -84,7 +84,14 @@ class LLMSettings(Settings):
     groups: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
     lr: float = Field(2e-3, gt=0, description="AdamW on the agent's LoRA adapter")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model (adapter off); 0 skips the reference forward")
+    kl_coef: float = Field(
+        0.0, ge=0, description="k3 KL to the model with adapters off (the base, or the warm-started policy); 0 skips the reference forward"
+    )
+    warm_start: bool = Field(
+        False, description="start every arm from the game's warm-started agent (lab/warm_start.py): scope sft on its strategy messages"
+    )
+    warm_start_lr: float = Field(2e-3, gt=0, description="the warm start's SFT learning rate (LoRA r 16, merged afterwards)")
+    warm_start_epochs: float = Field(3.0, gt=0, description="passes of the warm start's SFT over its training messages")
     eval_every: int = Field(6, ge=1)
     eval_groups: int = Field(2, ge=1, description="per held-out simulator")
     eval_group_size: int = Field(4, ge=1)

@@ -198,7 +198,12 @@ def _train(
             curve.append({"step": step + 1, "train_reward": sum(window) / len(window), **evaluate_llm(agent, game, panel, s)})
         step_s = time.perf_counter() - started
         seconds += step_s
-        run.append_metrics({"step": step + 1, "train_reward": rewards[-1], "logprob_gap": gaps[-1], "step_s": step_s})
+        run.append_metrics(
+            {
+                "step": step + 1, "train_reward": rewards[-1], "logprob_gap": gaps[-1], "kl": stats.get("kl", 0.0),
+                "update_s": stats.get("update_s", 0.0), "step_s": step_s,
+            }
+        )  # fmt: skip
         optimizers = {ROLE: learner.optimizer} | ({SIMULATOR: sim_optimizer} if sim_optimizer is not None else {})
         run.save_checkpoint(
             step + 1,

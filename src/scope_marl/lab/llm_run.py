@@ -65,7 +65,10 @@ def run_llm_lab(
     identity = {"game": game, "settings": s.model_dump(mode="json"), "panel": panel_spec.model_dump()}
     check_settings(out, identity)
 
-    if chat is None:
+    warm = None
+    if chat is None and s.warm_start:
+        chat, warm = warm_started(lab_game, s, out / "warm-start", log)
+    elif chat is None:
         from scope_marl.backends.embedded import load_embedded
 
         chat = load_embedded()
@@ -114,6 +117,7 @@ def run_llm_lab(
         "panel_file": panel_file(panel),
         "interval": "95% Student-t interval over seeds",
         "start": start,
+        "warm_start": warm,
         "results": {arm: r["summary"] for arm, r in per_arm.items()},
         "examples": {arm: {"start": start["examples"], "end": [r["final"]["examples"] for r in a["runs"]]} for arm, a in per_arm.items()},
         "max_logprob_gap": max(r["max_logprob_gap"] for a in per_arm.values() for r in a["runs"]),
@@ -128,6 +132,25 @@ def run_llm_lab(
     files.write_text(out / "report.md", llm_report_markdown(results))
     write_html(out / "report.md", f"Collapse lab with an LLM agent: {game}")
     return results
+
+
+def warm_started(game, s: LLMSettings, folder: Path, log: Callable[[str], None]) -> tuple[HFChatModel, dict]:
+    """The warm-started agent's model (made once in ``folder``) and its report: the classifier's
+    agreement with the messages' labels per split, and the strategy shares of 256 sampled first messages."""
+    from scope_marl.backends import load_backend
+    from scope_marl.lab.warm_start import classifier_agreement, first_message_shares, warm_start_model
+
+    model = warm_start_model(game, folder, s.warm_start_lr, s.warm_start_epochs, log=log)
+    chat = load_backend(f"hf:{model}")
+    report_path = folder / "report.json"
+    if report_path.is_file():
+        return chat, json.loads(report_path.read_text())
+    report = {
+        "classifier_agreement": classifier_agreement(game),
+        "first_messages": first_message_shares(chat, game, 256, max_new_tokens=s.max_new_tokens, temperature=s.temperature),
+    }
+    files.write_json(report_path, report, indent=1)
+    return chat, report
 
 
 def check_settings(out: Path, identity: dict) -> None:
