@@ -40,7 +40,7 @@ from scope_marl.backends.embedded import load_embedded
 from scope_marl.backends.seat import Seat
 from scope_marl.backends.vllm_server import default_venv, has_vllm, running_server
 from scope_marl.config import RolloutConfig
-from scope_marl.core.machine import gemm_gflops, last_level_cache_bytes, memory_read_gbps
+from scope_marl.core.machine import cpu_isa, cpu_slug, gemm_gflops, last_level_cache_bytes, memory_read_gbps
 from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import AGENT, SayTheWord, role_view
 from scope_marl.rollout import RolloutEngine
@@ -241,7 +241,8 @@ def main() -> None:
         print(f"vLLM: not measured (no vLLM in {args.vllm_venv}; `scope serve vllm --install-only`, or --vllm-url)")
     print(
         f"RESULT naive_tok_s={naive_tok_s:.2f} engine_tok_s={engine_tok_s:.2f} ratio={engine_tok_s / naive_tok_s:.2f} "
-        f"bound_fraction={engine_tok_s / bound:.3f} roofline_fraction={r['perfect_s'] / r['seconds']:.3f} peak_rss_mb={r['peak_rss_mb']}"
+        f"bound_fraction={engine_tok_s / bound:.3f} roofline_fraction={r['perfect_s'] / r['seconds']:.3f} peak_rss_mb={r['peak_rss_mb']} "
+        f"cpu={cpu_slug()} isa={cpu_isa()}"
     )
 
 

@@ -27,7 +27,7 @@ from _trl_grpo import BETA, EPS_HIGH, EPS_LOW, LORA, LR, grpo_episodes, trl_grpo
 
 from scope_marl.backends.embedded import converted_model_dir, load_embedded
 from scope_marl.config import LearnerConfig
-from scope_marl.core.machine import gemm_gflops
+from scope_marl.core.machine import cpu_isa, cpu_slug, gemm_gflops
 from scope_marl.core.types import Message, SamplingParams
 from scope_marl.envs import AGENT
 from scope_marl.envs.p4g.env import PersuasionForGood
@@ -127,7 +127,7 @@ def main() -> None:
     print()
     print(
         f"RESULT ours_tok_s={a['tok_s']:.2f} trl_tok_s={b['tok_s']:.2f} ratio={a['tok_s'] / b['tok_s']:.2f} "
-        f"update_bound_fraction={bound / a['update_s']:.3f}"
+        f"update_bound_fraction={bound / a['update_s']:.3f} cpu={cpu_slug()} isa={cpu_isa()}"
     )
 
 

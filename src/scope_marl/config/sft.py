@@ -48,5 +48,10 @@ class SFTConfig(Section):
     checkpoint_every: int = Field(50, ge=1)
     keep_last: int = Field(2, ge=1)
     seed: int = 0
-    threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads, fixed (for number-for-number reproducible runs); default: the cores this process may use "
+        "less those other processes keep busy, checked every step, so two jobs on one machine do not collapse",
+    )
     hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device and precision")

@@ -148,7 +148,12 @@ class TrainConfig(Section):
     keep_last: int = Field(2, ge=1)
     pool: PoolSettings | None = Field(None, description="population co-training: snapshots of the trainable simulator")
     seed: int = 0
-    threads: int | None = Field(None, ge=1, description="torch threads (fix it for reproducible runs)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads, fixed (for number-for-number reproducible runs); default: the cores this process may use "
+        "less those other processes keep busy, checked every step, so two jobs on one machine do not collapse",
+    )
     hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device, precision and torchrun sharding")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
     tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")

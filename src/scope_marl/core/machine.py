@@ -30,6 +30,104 @@ def cpu_model() -> str:
     return platform.machine()
 
 
+# /proc/cpuinfo flags -> the vector / matrix units a figure is attributable to (x86 and Arm names).
+_ISA_FLAGS = (
+    ("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
+    ("sve", "SVE"), ("asimd", "NEON"),
+)  # fmt: skip
+
+
+def cpu_isa() -> str:
+    """The CPU's vector and matrix extensions that matter for torch's kernels, widest first (``AVX2``,
+    ``AVX-512+AMX-BF16``, ``NEON+SVE``; ``unknown`` where /proc/cpuinfo does not say)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    found = [name for flag, name in _ISA_FLAGS if flag in flags]
+    return "+".join(found) if found else "unknown"
+
+
+def cpu_slug() -> str:
+    """:func:`cpu_model` as one token for a RESULT line (``AMD_EPYC_7B13``)."""
+    return "_".join(cpu_model().replace("(R)", "").replace("(TM)", "").replace("@", " ").split()) or "unknown"
+
+
+def machine_line(gflops: float | None = None) -> str:
+    """One line naming the machine a figure comes from: CPU model, ISA, usable cores, fp32 GEMM."""
+    gflops = gemm_gflops() if gflops is None else gflops
+    return f"cpu: {cpu_model()} | isa: {cpu_isa()} | cores: {len(os.sched_getaffinity(0))} | fp32 GEMM {gflops:.1f} GFLOP/s"
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine since boot, in clock ticks (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _own_jiffies() -> int:
+    """This process's CPU time (user + system, its threads included), in clock ticks."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+class ThreadGovernor:
+    """Torch's thread count chosen from the cores this process may use and how many of them other
+    processes keep busy, checked again at every :meth:`adjust` (between steps).
+
+    Why: torch's default is one thread per core, and its threads spin while they wait for each other.
+    Two such processes on the same cores collapse (a training step went from 45 s alone to 702 s beside
+    an SFT run, whose own step went from 12 s to 80 s): every wait spins through the other process's
+    time slice. A process that leaves the others' cores alone runs as if it had fewer cores: beside one
+    busy process on two cores each gets one, about 2x slower, not 15x (``bench/contention.py``).
+
+    ``fixed`` (a config's ``threads``) disables it: exactly that many threads, always.
+    """
+
+    def __init__(self, fixed: int | None = None, window_s: float = 0.2):
+        self.fixed = fixed
+        self.usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.window_s = window_s
+        self._last: tuple[int, int, int] | None = None
+        self.others_busy = 0.0  # cores other processes kept busy over the last window
+
+    def _sample(self) -> tuple[int, int, int]:
+        busy, total = _cpu_jiffies()
+        return busy, total, _own_jiffies()
+
+    def choose(self) -> int:
+        """The thread count for now: ``fixed``, else the usable cores less those others keep busy (at least 1)."""
+        if self.fixed is not None:
+            return self.fixed
+        try:
+            if self._last is None:  # nothing measured yet: watch the machine for a moment
+                self._last = self._sample()
+                time.sleep(self.window_s)
+            now = self._sample()
+        except (OSError, ValueError, IndexError):  # no /proc (not Linux): torch's default
+            return self.usable
+        busy, total, own = (b - a for a, b in zip(self._last, now))
+        self._last = now
+        cpus = os.cpu_count() or self.usable
+        self.others_busy = max(0.0, (busy - own) / total * cpus) if total > 0 else 0.0
+        return max(1, min(self.usable, self.usable - round(self.others_busy)))
+
+    def adjust(self) -> int:
+        """Set torch's thread count to :meth:`choose`'s; returns it."""
+        import torch
+
+        threads = self.choose()
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return threads
+
+
 def gemm_gflops(size: int = 2048, repeats: int = 10, best_of: int = 1) -> float:
     """fp32 ``size`` x ``size`` matrix products per second, in GFLOP/s, on torch's current threads.
 

@@ -42,6 +42,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.placement import resolve_placement
 from scope_marl.config import LearnerConfig, SFTConfig
 from scope_marl.core import files, run_layout
+from scope_marl.core.machine import ThreadGovernor
 from scope_marl.core.seeds import shuffled_position
 from scope_marl.core.types import Message, RoleStream
 from scope_marl.envs import USER, role_view
@@ -140,8 +141,8 @@ class SFTRun:
         self.dir = run if isinstance(run, RunDir) else RunDir(run, COMMAND)
         self.dir.acquire()
         self.cfg, self.run_dir = cfg, self.dir.path
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.threads = ThreadGovernor(cfg.threads)  # the config's, else the cores other processes leave free
+        self.threads.adjust()
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         placement = resolve_placement(cfg.hardware)
@@ -202,6 +203,7 @@ class SFTRun:
 
     # ---- steps ---------------------------------------------------------------------------------
     def train_step(self) -> dict:
+        self.threads.adjust()
         started = time.perf_counter()
         metrics = self.learner.supervised_step(self.batch(self.step))
         self.step += 1

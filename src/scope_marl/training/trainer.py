@@ -28,6 +28,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.backends.placement import resolve_placement
 from scope_marl.config import TrainConfig
 from scope_marl.core import files, run_layout
+from scope_marl.core.machine import ThreadGovernor
 from scope_marl.core.seeds import shuffled_position
 from scope_marl.envs import AGENT, USER
 from scope_marl.executor import open_executor
@@ -78,8 +79,9 @@ class Trainer:
         self.evaluator = evaluator
         self.cfg = cfg
         self.config_edits: dict[str, list] = {}  # config.yaml edits a resume applied: recorded in the next step's metrics
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        # Threads: the config's, else the cores other processes leave free, checked again every step.
+        self.threads = ThreadGovernor(cfg.threads)
+        self.threads.adjust()
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         random.seed(cfg.seed)
@@ -152,6 +154,7 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self) -> dict:
+        self.threads.adjust()
         started = time.perf_counter()
         if self.population is not None:
             self.population.draw(self.step)
