@@ -6,7 +6,7 @@ while they wait for each other, so two processes that each take every core colla
 cores the other processes leave free, checked every step.
 
 This measures one ``scope train`` step (the embedded model, Persuasion for Good with synthetic
-personas, 8 dialogues a step) alone, then again while a second ``scope train`` process on the same
+personas, 16 dialogues of 3 exchanges a step) alone, then again while a second ``scope train`` process on the same
 config trains beside it (started first, given time to reach its steps). Both use the governor
 (``threads`` unset); ``--threads N`` fixes both at N instead, the behaviour before it (torch's
 default was one thread per core).
@@ -37,12 +37,12 @@ from scope_marl.core.machine import machine_line
 
 CONFIG = {
     "model": "embedded",
-    "env": {"name": "p4g", "source": "synthetic", "max_exchanges": 2},
-    "agent_sampling": {"temperature": 1.0, "max_new_tokens": 24},
-    "simulator": {"mode": "frozen", "model": "embedded", "sampling": {"temperature": 1.0, "max_new_tokens": 24}},
+    "env": {"name": "p4g", "source": "synthetic", "max_exchanges": 3},
+    "agent_sampling": {"temperature": 1.0, "max_new_tokens": 48},
+    "simulator": {"mode": "frozen", "model": "embedded", "sampling": {"temperature": 1.0, "max_new_tokens": 48}},
     "lora": {"r": 8, "alpha": 16},
-    "rollout": {"group_size": 4, "progress": False},
-    "tasks_per_step": 2,
+    "rollout": {"group_size": 4, "on_turn_limit": "continue", "progress": False},
+    "tasks_per_step": 4,
     "checkpoint_every": 1000,
     "seed": 0,
 }
@@ -73,7 +73,7 @@ def competitor_steps(folder: Path) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2, help="steps timed per condition (the last one is quoted)")
+    parser.add_argument("--steps", type=int, default=3, help="steps timed per condition (the last one is quoted)")
     parser.add_argument("--threads", type=int, default=None, help="fix both processes' threads (unset: the governor)")
     args = parser.parse_args()
     cfg = {**CONFIG, **({"threads": args.threads} if args.threads else {})}

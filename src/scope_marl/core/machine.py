@@ -95,6 +95,7 @@ class ThreadGovernor:
         self.usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.window_s = window_s
         self._last: tuple[int, int, int] | None = None
+        self._adjusted = 0.0
         self.others_busy = 0.0  # cores other processes kept busy over the last window
 
     def _sample(self) -> tuple[int, int, int]:
@@ -122,10 +123,18 @@ class ThreadGovernor:
         """Set torch's thread count to :meth:`choose`'s; returns it."""
         import torch
 
+        self._adjusted = time.monotonic()
         threads = self.choose()
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         return threads
+
+    def recheck(self, every_s: float = 2.0) -> None:
+        """:meth:`adjust` again if the last check is older than ``every_s`` (cheap otherwise). Called
+        inside long steps (the rollout engine between decode steps, the learner between micro-batches):
+        a job that kept every core through a step of minutes beside a newly started one would still collapse."""
+        if self.fixed is None and time.monotonic() - self._adjusted >= every_s:
+            self.adjust()
 
 
 def gemm_gflops(size: int = 2048, repeats: int = 10, best_of: int = 1) -> float:

@@ -88,6 +88,7 @@ class RolloutEngine:
     """Plays ``group_size`` episodes per task between an agent seat and a simulator."""
 
     def __init__(self, env: Environment, agent: Seat, simulator: Simulator, config: RolloutConfig | None = None):
+        self.threads = None  # a core.machine.ThreadGovernor to re-check between decode steps (the trainer's), or None
         self.env = env
         self.agent = agent
         self.simulator = simulator
@@ -128,6 +129,8 @@ class RolloutEngine:
                     entry.started = time.perf_counter()
                     if self._open(entry):
                         live.append(entry)
+                if self.threads is not None:
+                    self.threads.recheck()  # beside other busy processes, leave them their cores (core.machine)
                 self._dispatch(live, sessions)
                 self._step_sessions(sessions)
                 finished = [e for e in live if e.next_role == ""]

@@ -40,6 +40,7 @@ class Learner:
         self.chat, self.role, self.adapter, self.reference = chat, role, adapter, reference
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
         self.config = config or LearnerConfig()
+        self.threads = None  # a core.machine.ThreadGovernor to re-check between micro-batches (the trainer's), or None
         if adapter is None:  # full fine-tuning
             if chat.adapters:
                 raise ValueError(f"full fine-tuning needs a model without LoRA adapters, this one has {chat.adapters}")
@@ -205,6 +206,8 @@ class Learner:
         tokens = sum(s.num_sampled_tokens for s in streams)
         loss_sum = 0.0
         for batch in self._micro_batches(streams):
+            if self.threads is not None:
+                self.threads.recheck()
             logp, _, mask = self.score([streams[i] for i in batch])
             loss = -(logp * mask).sum() / tokens
             loss.backward()
@@ -273,6 +276,8 @@ class Learner:
                 logp, _, _ = self.score(streams[:1])
                 (logp.sum() * 0.0).backward()
             for m, local in enumerate(micro_batches):
+                if self.threads is not None:
+                    self.threads.recheck()  # a long update beside another busy process (core.machine)
                 batch = [mine[i] for i in local]
                 chunk = [streams[i] for i in batch]
                 new_logp, entropy, mask = self.score(chunk)

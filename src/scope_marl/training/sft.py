@@ -185,6 +185,7 @@ class SFTRun:
             )
             self.policy, self.adapter = self.chat, ADAPTER
         self.learner = Learner(self.policy, USER, self.adapter, 1.0, learner)
+        self.learner.threads = self.threads
         self.steps = max(1, round(len(self.train) * cfg.epochs / cfg.batch_size))
         self.step = 0
 

@@ -104,6 +104,8 @@ class Trainer:
                 self.learners[role] = Learner(self.agent_chat, role, None, temperature, learner, reference=self.chat)
             else:
                 self.learners[role] = Learner(self.chat, role, ADAPTERS[role], temperature, learner)
+            self.learners[role].threads = self.threads
+        self.engine.threads = self.threads  # re-checked inside long rollouts and updates too
         self.models = models
         # Where the groups are played (this process, Ray workers, data-parallel ranks, a sampler server);
         # adapters changed since the last rollout are pushed to it before the next, tagged with the step.
