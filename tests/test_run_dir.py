@@ -116,3 +116,26 @@ def test_a_resumed_run_whose_pool_is_gone_stops_instead_of_starting_a_new_one(tm
     fresh = Population(SimpleNamespace(every=1), 0, tmp_path, None, "simulator", None)
     fresh.load_state({"pool": None, "member_rewards": {}})
     fresh.rewind(0, print)  # a checkpoint from before any pool: nothing to find
+
+
+def test_a_checkpoint_config_from_an_older_release_is_no_edit(tmp_path):
+    """A field added since the checkpoint was written (absent from its saved config) takes its default,
+    and is not an edit a resume refuses; a real edit still is."""
+    from types import SimpleNamespace
+
+    from scope_marl.core import run_layout
+    from scope_marl.experiment import _config_edits
+    from scope_marl.training.config_edits import ConfigEditRefused
+
+    cfg = TrainConfig.model_validate({"env": {"name": "say_the_word"}, "simulator": {"mode": "frozen", "model": "scripted:Hi."}})
+    older = cfg.model_dump(mode="json")
+    del older["deterministic"], older["learner"]["gradient_checkpointing"]  # fields a newer release added
+    checkpoint = run_layout.checkpoint_dir(tmp_path, 3)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / run_layout.STATE).write_text(json.dumps({"step": 3, "config": older}))
+    run = SimpleNamespace(path=tmp_path)
+    assert _config_edits(run, cfg, print) == {}
+    older["lora"]["r"] = 4
+    (checkpoint / run_layout.STATE).write_text(json.dumps({"step": 3, "config": older}))
+    with pytest.raises(ConfigEditRefused, match=r"lora\.r: 4 -> 16"):
+        _config_edits(run, cfg, print)

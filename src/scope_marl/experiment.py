@@ -9,6 +9,7 @@ and resume runs through here.
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections.abc import Callable
@@ -97,7 +98,10 @@ def _config_edits(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> 
     if not saved:
         return {}
     state = run_layout.read_state(saved[-1])
-    edits = check_edits(state.get("config"), cfg.model_dump(mode="json"), state["step"], str(run.path))
+    before = state.get("config")
+    if before is not None:  # read as this release reads it: fields added since get their defaults, renamed ones their meaning
+        before = TrainConfig.model_validate(TrainConfig.upgrade_saved(copy.deepcopy(before))).model_dump(mode="json")
+    edits = check_edits(before, cfg.model_dump(mode="json"), state["step"], str(run.path))
     for field, (old, new) in edits.items():
         log(
             f"config.yaml changed since step {state['step']}: {field} {old!r} -> {new!r} (applied from the next step, recorded in its metrics)"
