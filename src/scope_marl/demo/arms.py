@@ -98,11 +98,15 @@ def run_arm(arm: str, steps: int, model: str, panel: Panel, out: Path, report: R
     """Train one arm ``steps`` GRPO steps into ``out/arm`` (``experiment.start`` and the trainer's own
     loop), then play the held-out panel with the trained agent; its step records and held-out
     evaluation. ``report`` gets the stages of :func:`scope_marl.demo.plan` as each is done."""
+    import torch
+
     from scope_marl.evaluation.evaluate import write_results
     from scope_marl.experiment import evaluate_trainer, start
 
     run_dir = out / arm
-    trainer = start(arm_config(arm, steps, model, sampling), run_dir)
+    # The demo's scheduler gives each lane its threads: the run keeps them (no thread governor) so the
+    # lanes' plan and the time-left estimate hold.
+    trainer = start(arm_config(arm, steps, model, sampling, threads=torch.get_num_threads()), run_dir)
     report(("start", f"[2/3 llm] {arm}: model, simulator and LoRA adapter set up"))
 
     def step_done(record: dict) -> None:
