@@ -90,10 +90,9 @@ def run_command(tag: str, patches: Path, args: list[str], limits: Limits, networ
     return [*command, tag, *args]
 
 
-def run_in_container(task: CoopTask, args: list[str], patches: Path, limits: Limits, network: bool) -> RunResult:
-    """One feature's runner in the task's image (built first if need be); never raises for what the
-    runner does (DockerError when the image does not build)."""
-    tag = ensure_image(task)
+def run_in_container(tag: str, args: list[str], patches: Path, limits: Limits, network: bool) -> RunResult:
+    """One feature's runner in the task's image ``tag`` (:func:`ensure_image`); never raises for what
+    the runner does."""
     name = f"scope-coop-{uuid.uuid4().hex[:12]}"
 
     def kill() -> None:

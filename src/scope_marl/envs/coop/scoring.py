@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from scope_marl.envs.coop import runtimes
-from scope_marl.envs.coop.docker import run_in_container
+from scope_marl.envs.coop.docker import ensure_image, run_in_container
 from scope_marl.envs.coop.git import GitError, apply, archive, clone, diff_from_head, filter_test_files, git, init_base, unsafe_paths
 from scope_marl.envs.coop.sandbox import Limits, RunResult, run_in_workspace, run_sandboxed
 from scope_marl.envs.coop.tasks import CoopTask
@@ -166,9 +166,16 @@ class Scorer:
             )
         return filter_test_files(patch)
 
-    def run_feature(self, task: CoopTask, feature: int, patch: str, workdir: Path) -> FeatureResult:
-        """The feature's hidden tests on the base tree with ``patch`` applied, sandboxed by the task's runner."""
+    def run_features(self, task: CoopTask, features: tuple[int, ...], patch: str, workdir: Path) -> dict[int, FeatureResult]:
+        """Each feature's hidden tests with ``patch`` applied; the runner (and a docker runner's image,
+        whose tag hashes the whole build context) is settled once for them all."""
         runner = self.runner_for(task)
+        image = ensure_image(task) if runner == "docker" else None
+        return {n: self.run_feature(task, n, patch, workdir, runner, image) for n in features}
+
+    def run_feature(self, task: CoopTask, feature: int, patch: str, workdir: Path, runner: str, image: str | None = None) -> FeatureResult:
+        """The feature's hidden tests on the base tree with ``patch`` applied, sandboxed by ``runner``
+        (:meth:`runner_for`; ``image``: the task's, for docker)."""
         network = self.network_allowed(task)
         base, commit = self.bases.get(task)
         run = Path(tempfile.mkdtemp(prefix=f"f{feature}-", dir=workdir))
@@ -179,7 +186,7 @@ class Scorer:
         names = ["tests.patch", "feature.patch"]
         try:
             if runner == "docker":
-                result: RunResult = run_in_container(task, names, patches, self.limits, network)
+                result: RunResult = run_in_container(image, names, patches, self.limits, network)
             elif runner == "namespace":
                 clone(base, run / "repo")  # a git checkout at the base commit: CooperBench's runners reset and clean it
                 result = run_in_workspace(task.runner, names, run / "repo", patches, run, self.limits, network)
@@ -223,7 +230,7 @@ class Scorer:
                 conflicts = sorted(git(["diff", "--name-only", "--diff-filter=U"], work).stdout.split())
                 git(["merge", "--abort"], work, check=False)
                 tested = first  # CooperBench: the first patch alone against both features
-            results = {n: self.run_feature(task, n, tested, Path(tmp)) for n in features}
+            results = self.run_features(task, features, tested, Path(tmp))
         return Score("conflict" if conflicts else "clean", conflicts, results, dict(zip(("1", "2"), status.values())))
 
     def score_solo(self, task: CoopTask, features: tuple[int, ...], patch: str) -> Score:
@@ -240,5 +247,5 @@ class Scorer:
             except GitError as err:
                 raise PatchError(f"the patch does not apply to the task's base commit: {err}") from None
             tested = diff_from_head(work)
-            results = {n: self.run_feature(task, n, tested, Path(tmp)) for n in features}
+            results = self.run_features(task, features, tested, Path(tmp))
         return Score("clean", [], results, {"1": status})
