@@ -9,7 +9,6 @@ and resume runs through here.
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from scope_marl.assembly import build_env, build_rollout
 from scope_marl.config import RolloutRunConfig, TrainConfig, dump_config
+from scope_marl.config.loading import saved_config
 from scope_marl.core import run_layout
 from scope_marl.evaluation.evaluate import AgentUnderTest, evaluate_panel
 from scope_marl.evaluation.panel import Panel
@@ -100,7 +100,7 @@ def _config_edits(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> 
     state = run_layout.read_state(saved[-1])
     before = state.get("config")
     if before is not None:  # read as this release reads it: fields added since get their defaults, renamed ones their meaning
-        before = TrainConfig.model_validate(TrainConfig.upgrade_saved(copy.deepcopy(before))).model_dump(mode="json")
+        before = saved_config(before, TrainConfig, f"{saved[-1]}/{run_layout.STATE}").model_dump(mode="json")
     edits = check_edits(before, cfg.model_dump(mode="json"), state["step"], str(run.path))
     for field, (old, new) in edits.items():
         log(

@@ -7,6 +7,7 @@ setting. A schema may add a fix per field name (``fixes``) that the explainer ap
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import typing
@@ -86,11 +87,17 @@ def load_config(
 def load_saved_config(path: str | os.PathLike, schema: type[BaseModel]) -> BaseModel:
     """The config a run saved beside itself (``RUN_DIR/config.yaml``), written by this or an older release:
     settings renamed since are read with their old meaning (the schema's ``upgrade_saved``, if it has one)."""
-    data = read_yaml(path)
+    return saved_config(read_yaml(path), schema, str(path))
+
+
+def saved_config(data, schema: type[BaseModel], where: str) -> BaseModel:
+    """A config a run saved (its config.yaml, or the copy in a checkpoint's state.json) read as this
+    release reads it: renamed settings upgraded (the schema's ``upgrade_saved``), then validated, so
+    fields added since take their defaults."""
     upgrade = getattr(schema, "upgrade_saved", None)
     if upgrade is not None and isinstance(data, dict):
-        data = upgrade(data)
-    return validate(data, schema, str(path))
+        data = upgrade(copy.deepcopy(data))
+    return validate(data, schema, where)
 
 
 def resolve_named(name_or_path: str | os.PathLike, builtin_dir: Path) -> Path | None:
