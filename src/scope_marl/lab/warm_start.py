@@ -29,7 +29,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from scope_marl.core.types import Message
+from scope_marl.core.seeds import derive_seed
+from scope_marl.core.types import Message, SamplingParams
 from scope_marl.lab.classifier import OTHER, StrategyClassifier
 from scope_marl.lab.games import Game
 from scope_marl.lab.llm_agent import OPENING, REPLIES, SYSTEM_PROMPTS
@@ -65,9 +66,10 @@ def classifier_agreement(game: Game) -> dict[str, dict]:
     """Per split: the share of messages the classifier places as their label, overall and per strategy,
     and what the misplaced ones became."""
     classifier = StrategyClassifier(game.name, game.strategies)
+    messages = labelled_messages(game)
     out = {}
     for split in SPLITS:
-        rows = [r for r in labelled_messages(game) if r.split == split]
+        rows = [r for r in messages if r.split == split]
         verdicts = [(r.strategy, classifier.classify(r.text)) for r in rows]
         per = {s: [v == s for label, v in verdicts if label == s] for s in game.strategies}
         confused: dict[str, int] = {}
@@ -120,9 +122,6 @@ def first_message_shares(
 ) -> dict:
     """The agent's first message sampled ``n`` times (on ``adapter``, None: the model's own weights):
     each strategy's share, ``other`` included, and a few of the messages."""
-    from scope_marl.core.seeds import derive_seed
-    from scope_marl.core.types import SamplingParams
-
     classifier = StrategyClassifier(game.name, game.strategies)
     prompt = chat.encode_chat(_context(game, None, None), add_generation_prompt=True)
     sampling = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens)
