@@ -27,6 +27,7 @@ with ``finetune: full``, ``RUN_DIR/model`` is a model directory (``hf:RUN_DIR/mo
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -97,12 +98,15 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 def example_turns(path: str | Path, split: str) -> list[Turn]:
     """The examples of ``split`` in a JSONL file of chat examples (``SFTConfig.examples``), in file order."""
-    import json
+    return examples_by_split(path)[split]
 
+
+def examples_by_split(path: str | Path) -> dict[str, list[Turn]]:
+    """A JSONL file of chat examples (``SFTConfig.examples``) read once: its train and validation turns, in file order."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"examples file {path} does not exist")
-    turns = []
+    turns: dict[str, list[Turn]] = {"train": [], "validation": []}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -120,8 +124,7 @@ def example_turns(path: str | Path, split: str) -> list[Turn]:
         bad = [m.role for m in context if m.role not in CHAT_ROLES]
         if bad:
             raise ValueError(f"{where}: context role {bad[0]!r} is not one of {', '.join(CHAT_ROLES)}")
-        if row_split == split:
-            turns.append(Turn(f"example-{number}", context, target))
+        turns[row_split].append(Turn(f"example-{number}", context, target))
     return turns
 
 
@@ -155,7 +158,8 @@ class SFTRun:
         if not isinstance(self.chat, HFChatModel):
             raise ValueError(f"scope sft needs a local transformers model (embedded or hf:PATH), got {cfg.model!r}")
         if cfg.examples is not None:
-            train, val = example_turns(cfg.examples, "train"), example_turns(cfg.examples, "validation")
+            examples = examples_by_split(cfg.examples)
+            train, val = examples["train"], examples["validation"]
         else:
             env = build_env(cfg.env)
             # The turns a rollout can reach: each dialogue's first env.max_exchanges persuadee turns (all_turns: every one).
