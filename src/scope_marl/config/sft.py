@@ -10,7 +10,7 @@ from pydantic import Field
 from scope_marl.config.env import P4GConfig
 from scope_marl.config.hardware import HardwareSettings
 from scope_marl.config.loading import Section
-from scope_marl.config.train import LoraSettings
+from scope_marl.config.train import THREADS, LoraSettings
 
 
 class SFTConfig(Section):
@@ -48,10 +48,5 @@ class SFTConfig(Section):
     checkpoint_every: int = Field(50, ge=1)
     keep_last: int = Field(2, ge=1)
     seed: int = 0
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch threads, fixed (for number-for-number reproducible runs); default: the cores this process may use "
-        "less those other processes keep busy, checked every step, so two jobs on one machine do not collapse",
-    )
+    threads: int | None = Field(None, ge=1, description=THREADS)
     hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device and precision")

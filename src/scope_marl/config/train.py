@@ -89,6 +89,12 @@ class LearnerConfig(Section):
         return data
 
 
+THREADS = (
+    "torch threads, fixed (for number-for-number reproducible runs); default: the cores this process may use "
+    "less those other processes keep busy, checked every step, so two jobs on one machine do not collapse"
+)  # scope train's and scope sft's `threads`
+
+
 class LoraSettings(Section):
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
@@ -148,12 +154,7 @@ class TrainConfig(Section):
     keep_last: int = Field(2, ge=1)
     pool: PoolSettings | None = Field(None, description="population co-training: snapshots of the trainable simulator")
     seed: int = 0
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch threads, fixed (for number-for-number reproducible runs); default: the cores this process may use "
-        "less those other processes keep busy, checked every step, so two jobs on one machine do not collapse",
-    )
+    threads: int | None = Field(None, ge=1, description=THREADS)
     hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device, precision and torchrun sharding")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
     tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")
