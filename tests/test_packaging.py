@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.packaging, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[1]
 EXTRA = re.compile(r"scope-marl\[([A-Za-z0-9_.-]+)\]")
 # Top-level modules of the extras' packages: none may be in the core-only venv, or the test proves nothing.
-EXTRAS_ONLY = ["fastapi", "sse_starlette", "uvicorn", "ray", "litellm", "loguru", "pytest", "tensorboard", "trl", "playwright"]
+EXTRAS_ONLY = ["fastapi", "sse_starlette", "uvicorn", "ray", "litellm", "loguru", "pytest", "tensorboard", "trl", "playwright", "wandb"]
 
 # Runs inside the core-only venv: import every module of scope_marl, one JSON line of results.
 WALK = r"""

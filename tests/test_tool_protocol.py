@@ -227,25 +227,30 @@ def test_tool_calls_run_results_come_back_and_the_caller_goes_on(make_tiny_model
         assert episode.tool_errors == 1
 
 
+def assert_on_policy(episode, model, role: str, results: list[str]) -> None:
+    """``role``'s stream: the model re-scores its sampled tokens to the recorded log-probs, the tool
+    results in ``results`` are masked context, and the sampled text is exactly the role's own turns."""
+    stream = episode.streams[role]
+    ids = torch.tensor([stream.prompt_ids + stream.response_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model.model(input_ids=ids).logits[0].float(), -1)
+    n = len(stream.prompt_ids)
+    rescored = logp[n - 1 : -1].gather(-1, ids[0, n:, None]).squeeze(-1)
+    mask = torch.tensor(stream.loss_mask, dtype=torch.bool)
+    assert (rescored[mask] - torch.tensor(stream.logprobs)[mask]).abs().max() < 1e-4
+    sampled = model.decode([t for t, k in zip(stream.response_ids, stream.loss_mask) if k])
+    masked = model.decode([t for t, k in zip(stream.response_ids, stream.loss_mask) if not k])
+    for text in results:
+        assert text in masked and text not in sampled  # the tool's words are context, never trained on
+    eos = model.decode([model.eot_id])
+    assert sampled == "".join(f"{m.raw or m.content}{eos}" for m in episode.messages[1:] if m.role == role)
+
+
 def test_tool_results_are_masked_and_streams_are_on_policy_in_both_roles(make_tiny_model, tokenizer):
     engine = ledger_engine(make_tiny_model, tokenizer)
     episode = engine.run(engine.env.tasks()[:1])[0]
-    model = engine.agent.model
     for role, results in ((AGENT, ['{"balance": 10}', "not valid JSON"]), (USER, ["bars: 4"])):
-        stream = episode.streams[role]
-        ids = torch.tensor([stream.prompt_ids + stream.response_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model.model(input_ids=ids).logits[0].float(), -1)
-        n = len(stream.prompt_ids)
-        rescored = logp[n - 1 : -1].gather(-1, ids[0, n:, None]).squeeze(-1)
-        mask = torch.tensor(stream.loss_mask, dtype=torch.bool)
-        assert (rescored[mask] - torch.tensor(stream.logprobs)[mask]).abs().max() < 1e-4
-        sampled = model.decode([t for t, k in zip(stream.response_ids, stream.loss_mask) if k])
-        masked = model.decode([t for t, k in zip(stream.response_ids, stream.loss_mask) if not k])
-        for text in results:
-            assert text in masked and text not in sampled  # the tool's words are context, never trained on
-        own_turns = [m.raw or m.content for m in episode.messages[1:] if m.role == role]
-        assert sampled == "".join(f"{t}<|im_end|>" for t in own_turns)
+        assert_on_policy(episode, engine.agent.model, role, results)
 
 
 def test_other_side_never_reads_a_call(make_tiny_model, tokenizer):

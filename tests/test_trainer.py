@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +120,18 @@ def test_config_rejects_inconsistent_roles(tiny_model_dir):
         TrainConfig.model_validate(config(tiny_model_dir, trainable_roles=["agent", "user"]))
 
 
+def train_until_killed(cli: list[str], cfg_path: Path, out: Path, env: dict, step: int = 2) -> None:
+    """Start ``scope train`` into ``out`` and SIGKILL it as soon as its checkpoint of ``step`` is whole."""
+    killed = subprocess.Popen([*cli, str(cfg_path), "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = out / "checkpoints" / f"step-{step:06d}" / "state.json"
+    deadline = time.time() + 240
+    while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists(), "the run never wrote its first checkpoint"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+
+
 @pytest.mark.integration
 def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
     cfg_path = tmp_path / "train.yaml"
@@ -128,16 +141,7 @@ def test_exact_resume_after_sigkill(tiny_model_dir, tmp_path):
 
     subprocess.run([*cli, str(cfg_path), "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
 
-    killed = subprocess.Popen(
-        [*cli, str(cfg_path), "--out", str(tmp_path / "killed")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    checkpoint = tmp_path / "killed" / "checkpoints" / "step-000002" / "state.json"
-    deadline = time.time() + 240
-    while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert checkpoint.exists(), "the run never wrote its first checkpoint"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    train_until_killed(cli, cfg_path, tmp_path / "killed", env)
     subprocess.run([*cli, "--resume", str(tmp_path / "killed")], check=True, env=env, capture_output=True)
 
     def read(run):

@@ -66,7 +66,7 @@ def start(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     """A new run in ``run_dir`` (refused when it already holds one, or another process holds it), its
     config saved beside it."""
     # Under torchrun only rank 0 holds the lock and writes.
-    return RunDir.start(run_dir, cfg, lambda run: Trainer(cfg, run, evaluator_for(cfg)), lead=data_parallel.rank() == 0)
+    return RunDir.start(run_dir, cfg, lambda run: _trainer(cfg, run), lead=data_parallel.rank() == 0)
 
 
 def resume(run_dir: str | Path, log: Callable[[str], None] = print) -> Trainer:
@@ -83,10 +83,25 @@ def _open_existing(run_dir: str | Path) -> tuple[RunDir, TrainConfig]:
         return run, run.read_config(TrainConfig)
 
 
+def _trainer(cfg: TrainConfig, run: RunDir) -> Trainer:
+    """A trainer wired to the evaluation layer: its periodic panel, and the report's figures for its trackers."""
+    trainer = Trainer(cfg, run, evaluator_for(cfg))
+    trainer.figures = run_figures
+    return trainer
+
+
+def run_figures(run_dir: Path) -> list[Path]:
+    """A finished run's report figures (what ``scope report RUN_DIR --out RUN_DIR/report`` writes)."""
+    from scope_marl.evaluation.report import write_report
+
+    out = write_report([run_dir], Path(run_dir) / run_layout.REPORT).parent
+    return [p for p in (out / "collapse.png", out / "heldout.png") if p.is_file()]
+
+
 def _restored(run: RunDir, cfg: TrainConfig, log: Callable[[str], None]) -> Trainer:
     with run.released_on_error():
         edits = _config_edits(run, cfg, log)  # before any model is built: a refused edit is about the config
-        trainer = Trainer(cfg, run, evaluator_for(cfg)).restore(log)
+        trainer = _trainer(cfg, run).restore(log)
         trainer.config_edits = edits
         return trainer
 

@@ -29,16 +29,17 @@ class ChatTokens:
         return {i for i in ids if i is not None}
 
     # ---- prompts -------------------------------------------------------------------------------
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The chat as text through the tokenizer's chat template.
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[dict] | None = None) -> str:
+        """The chat as text through the tokenizer's chat template (``tools``: schemas the template renders).
 
         A missing system message is filled with ``default_system_prompt`` (when set) so that no
         template-injected default (SmolLM2 names itself otherwise) leaks into a role's context.
         """
-        chat = [{"role": m.role, "content": m.content} for m in messages]
+        chat = [{"role": m.role, "content": m.content, **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})} for m in messages]
         if self.default_system_prompt is not None and (not chat or chat[0]["role"] != "system"):
             chat.insert(0, {"role": "system", "content": self.default_system_prompt})
-        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+        extra = {"tools": list(tools)} if tools else {}
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
 
     def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         return self.encode_text(self.render_chat(messages, add_generation_prompt))

@@ -12,6 +12,18 @@ from scope_marl.config.loading import Section
 from scope_marl.config.simulator import FrozenSimulatorConfig, SimulatorConfig, default_sampling
 from scope_marl.core.types import SamplingParams
 
+ToolFormatName = Literal["auto", "hermes", "llama3_json", "mistral"]
+"""Tool-call formats; each but auto is registered under its name in ``backends.tool_formats.TOOL_FORMATS``."""
+
+
+class ToolFormatSettings(Section):
+    """Per role, how its model is shown tools and writes calls: its chat template's own family (auto), or one by name."""
+
+    agent: ToolFormatName = Field(
+        "auto", description="auto: the family the chat template renders tools in; hermes text when it renders none"
+    )
+    simulator: ToolFormatName = Field("auto", description="the simulator's (user role's) format, chosen as the agent's")
+
 
 class RolloutConfig(Section):
     """How the rollout engine plays: group size, concurrency, seed, what a turn at its token limit does."""
@@ -34,6 +46,9 @@ class RolloutConfig(Section):
         None, ge=1, description="messages per episode, tool results included; reaching it ends the episode TRUNCATED (None: no cap)"
     )
     progress: bool = True
+    tool_format: ToolFormatSettings = Field(
+        default_factory=ToolFormatSettings, description="environments with tools: each role's call format"
+    )
 
 
 class AgentConfig(Section):

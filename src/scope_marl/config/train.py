@@ -124,6 +124,31 @@ class PoolSettings(Section):
     selection: Literal["random", "latest", "prioritized"] = "random"
 
 
+Tracker = Literal["tensorboard", "wandb"]
+"""Where a run's metrics are mirrored; each is registered under its name in ``training.trackers.TRACKERS``."""
+
+
+class WandbSettings(Section):
+    """The Weights & Biases run a ``scope train`` run logs to (``logging.trackers: [wandb]``)."""
+
+    project: str = Field("scope-marl", min_length=1)
+    entity: str | None = Field(None, description="team or user (default: the API key's own)")
+    name: str | None = Field(None, description="the W&B run's display name (default: the run directory's name)")
+    tags: list[str] = Field(default_factory=list)
+    mode: Literal["auto", "online", "offline"] = Field(
+        "auto", description="auto: online when an API key is set (WANDB_API_KEY or wandb login), else offline (said at start)"
+    )
+    samples_per_step: int = Field(3, ge=0, description="dialogues logged each step as a table (0: none)")
+
+
+class LoggingSettings(Section):
+    trackers: list[Tracker] = Field(
+        default_factory=list,
+        description="mirrors of metrics.jsonl (which stays the record): tensorboard, wandb (pip install 'scope-marl[wandb]')",
+    )
+    wandb: WandbSettings = Field(default_factory=WandbSettings)
+
+
 class TrainConfig(Section):
     """``scope train``: one experiment arm."""
 
@@ -157,9 +182,18 @@ class TrainConfig(Section):
     threads: int | None = Field(None, ge=1, description=THREADS)
     hardware: HardwareSettings = Field(default_factory=HardwareSettings, description="device, precision and torchrun sharding")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms, for number-for-number resumes")
-    tensorboard: bool = Field(False, description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]')")
+    tensorboard: bool = Field(
+        False,
+        description="also write every metric to RUN_DIR/tensorboard (pip install 'scope-marl[tensorboard]'); same as logging.trackers: [tensorboard]",
+    )
+    logging: LoggingSettings = Field(default_factory=LoggingSettings, description="trackers: TensorBoard, Weights & Biases")
     executor: Literal["local", "ray"] = Field("local", description="rollouts in this process, or on Ray rollout workers (the ray extra)")
     ray: RaySettings = Field(default_factory=RaySettings)
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers this run writes to (``tensorboard: true`` counts as ``tensorboard``), each once."""
+        return list(dict.fromkeys([*(["tensorboard"] if self.tensorboard else []), *self.logging.trackers]))
 
     @model_validator(mode="after")
     def _roles_match_simulator(self) -> TrainConfig:

@@ -9,6 +9,8 @@ A neutral module below both, so neither has to import the other to find a checkp
         evals/step-NNNNNN.json          periodic evaluations
         pool/                           population co-training's simulator pool
         tensorboard/                    the optional TensorBoard mirror of metrics.jsonl
+        report/                         with a tracker: the report (collapse.png, heldout.png) logged at the end
+        wandb/  wandb-run.json          with the wandb tracker: W&B's own files; the W&B run id and last step logged
         sampler-adapters/NAME-vSTEP/    with a sampler server: the adapter versions it loads
         checkpoints/step-NNNNNN/
             adapters/<name>/            peft adapter files, one folder per trained adapter
@@ -32,6 +34,8 @@ ROLLOUTS = "rollouts"
 EVALS = "evals"
 POOL = "pool"
 TENSORBOARD = "tensorboard"
+WANDB_RUN = "wandb-run.json"
+REPORT = "report"
 SAMPLER_ADAPTERS = "sampler-adapters"
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"

@@ -45,7 +45,8 @@ from tqdm.auto import tqdm
 
 from scope_marl.backends.base import ContextLengthError, Generation, TokenChatModel
 from scope_marl.backends.seat import Seat
-from scope_marl.backends.tool_format import ParsedTurn, parse_tool_calls, tool_chat
+from scope_marl.backends.tool_format import ParsedTurn
+from scope_marl.backends.tool_formats import ToolFormat, resolve_tool_format
 from scope_marl.config.rollout import RolloutConfig
 from scope_marl.core.seeds import derive_seed
 from scope_marl.core.text import clean
@@ -95,6 +96,7 @@ class RolloutEngine:
         self.config = config or RolloutConfig()
         self.stats = RolloutStats()
         self._groups_started = 0  # groups across calls, so rotation / pools keep turning and seeds never repeat
+        self._formats: dict[tuple[str, int], ToolFormat] = {}  # (role, id of the model playing it) -> its tool format
 
     # ---- public ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -161,6 +163,16 @@ class RolloutEngine:
         for e in members:
             for role, stream in e.streams.items():
                 stream.reward = e.rewards.get(role)
+
+    def tool_format(self, entry: _Live, role: str) -> ToolFormat:
+        """How ``role``'s model is shown its tools and writes its calls (``rollout.tool_format``), chosen once per model."""
+        seat = self.seat_of(entry, role)
+        model = seat.model if seat is not None else None
+        key = (role, id(model))
+        if key not in self._formats:
+            setting = self.config.tool_format.agent if role == AGENT else self.config.tool_format.simulator
+            self._formats[key] = resolve_tool_format(setting, model)
+        return self._formats[key]
 
     def seat_of(self, entry: _Live, role: str) -> Seat | None:
         """The seat that generates ``role``'s turns in this episode (None: the simulator answers itself)."""
@@ -234,7 +246,7 @@ class RolloutEngine:
         """Append one message and decide whether the episode goes on."""
         text = self._cleaned(entry, text)
         tools = self.env.tools(entry.task, role)
-        parsed = parse_tool_calls(text, f"{role}-{len(entry.episode.messages)}") if tools else None
+        parsed = self.tool_format(entry, role).parse(text, f"{role}-{len(entry.episode.messages)}") if tools else None
         if parsed is not None and parsed.has_calls:
             entry.episode.messages.append(
                 Message(role=role, content=parsed.content, tool_calls=parsed.calls, raw=text if text != parsed.content else None)
@@ -301,10 +313,10 @@ class RolloutEngine:
         return derive_seed(self.config.seed, entry.group_index, entry.rollout, len(entry.episode.messages), bits=31)
 
     def _view(self, entry: _Live, role: str, system_prompt: str) -> list[Message]:
-        """What ``role`` reads: its view of the conversation, with its tools in Hermes text when it has any."""
+        """What ``role`` reads: its view of the conversation, in its tool format when it has tools."""
         view = role_view(entry.episode.messages, role, system_prompt)
         tools = self.env.tools(entry.task, role)
-        return tool_chat(view, tools) if tools else view
+        return self.tool_format(entry, role).chat(view, tools) if tools else view
 
     def _dispatch(self, live: list[_Live], sessions: dict) -> None:
         """Start the turns of every episode whose next speaker is not already generating.
@@ -347,7 +359,11 @@ class RolloutEngine:
             view = self._view(entry, role, seat.system_prompt(self.env.system_prompt(entry.task, role)))
             ids = None
             if isinstance(model, TokenChatModel):
-                builder = entry.builders.setdefault(role, StreamBuilder(role, model, seat.adapter))
+                if role not in entry.builders:
+                    tools = self.env.tools(entry.task, role)
+                    template_tools = self.tool_format(entry, role).template_tools(tools) if tools else None
+                    entry.builders[role] = StreamBuilder(role, model, seat.adapter, template_tools)
+                builder = entry.builders[role]
                 try:
                     ids = builder.prompt(view)
                 except Exception as err:  # a template that cannot extend the stream: this episode only

@@ -20,9 +20,10 @@ class TemplateError(BackendError):
 
 
 class StreamBuilder:
-    def __init__(self, role: str, model: TokenChatModel, adapter: str | None):
+    def __init__(self, role: str, model: TokenChatModel, adapter: str | None, tools: Sequence[dict] | None = None):
         self.role = role
         self.model = model
+        self.tools = tools  # schemas the chat template renders (None: none, or they are in the text)
         self.stream: RoleStream | None = None
         self._adapter = adapter
         self._rendered = ""  # template text of the view up to the role's last own message
@@ -35,7 +36,7 @@ class StreamBuilder:
 
     def prompt(self, view: Sequence[Message]) -> list[int]:
         """The ids to generate from, given the role's view of the conversation so far."""
-        full = self.model.render_chat(view, add_generation_prompt=True)
+        full = self.model.render_chat(view, add_generation_prompt=True, tools=self.tools)
         if self.stream is None:
             self.stream = RoleStream(role=self.role, prompt_ids=self.model.encode_text(full), adapter=self._adapter)
             return list(self.stream.prompt_ids)
@@ -53,7 +54,7 @@ class StreamBuilder:
         """Append the sampled ids of the role's turn; ``view_with_reply`` ends with that reply."""
         n = len(generation.token_ids)
         self._extend(generation.token_ids, [1] * n, generation.logprobs or [0.0] * n, generation.entropies or [0.0] * n)
-        self._rendered = self.model.render_chat(view_with_reply, add_generation_prompt=False)
+        self._rendered = self.model.render_chat(view_with_reply, add_generation_prompt=False, tools=self.tools)
         self._ended_on_eot = bool(generation.token_ids) and generation.token_ids[-1] in self.model.stop_ids
 
     def _glue(self) -> str:

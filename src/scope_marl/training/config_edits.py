@@ -24,6 +24,7 @@ CHANGEABLE = (
     "keep_last",
     "eval",
     "tensorboard",
+    "logging",
     "rollout.progress",
     "threads",
     "executor",

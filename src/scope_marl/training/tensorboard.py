@@ -35,7 +35,7 @@ class TensorBoardWriter:
         self._make = lambda first_step: SummaryWriter(log_dir=str(log_dir), purge_step=first_step)
         self.writer = None
 
-    def write(self, record: dict) -> None:
+    def log_step(self, record: dict) -> None:
         step = record["step"]
         if self.writer is None:
             # Opened at the first step written: after a resume, TensorBoard drops the events the
@@ -44,3 +44,13 @@ class TensorBoardWriter:
         for tag, value in flatten({k: v for k, v in record.items() if k != "step"}).items():
             self.writer.add_scalar(tag, value, global_step=step)
         self.writer.flush()
+
+    def log_samples(self, step: int, episodes) -> None:
+        """Dialogues are not mirrored to TensorBoard (rollouts/ has every one)."""
+
+    def log_figures(self, step: int, figures) -> None:
+        """Figures are not mirrored to TensorBoard (its scalars draw the same curves)."""
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -38,7 +38,7 @@ from scope_marl.training.learner import Learner
 from scope_marl.training.policies import ADAPTERS, build_policies, worker_engine
 from scope_marl.training.population import Population
 from scope_marl.training.run_dir import RunDir
-from scope_marl.training.tensorboard import TensorBoardWriter
+from scope_marl.training.trackers import Trackers
 
 
 class Evaluator(Protocol):
@@ -118,7 +118,9 @@ class Trainer:
             sampler_folder=self.run_dir / run_layout.SAMPLER_ADAPTERS,
         )
         self.recorder = RolloutRecorder(self.dir.rollouts)
-        self.tensorboard = TensorBoardWriter(self.run_dir / run_layout.TENSORBOARD) if cfg.tensorboard and self.lead else None
+        self.trackers = Trackers(cfg, self.run_dir, enabled=self.lead)
+        # The run's figures for the trackers once the last step is trained (experiment.py hands in the report's).
+        self.figures: Callable[[Path], list[Path]] | None = None
         self.population = (
             Population(cfg.pool, cfg.seed, self.run_dir, self.chat, ADAPTERS[USER], self.engine, self.lead)
             if cfg.pool is not None
@@ -201,8 +203,7 @@ class Trainer:
                 self.save()
             return record
         self.dir.append_metrics(record)
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
+        self.trackers.log_step(record, episodes)
         held_out = record.get("eval", {}).get("reward_agent")
         save = False
         if held_out is not None and (self.best is None or held_out > self.best[0]):
@@ -249,6 +250,8 @@ class Trainer:
                         on_step(record)
                     bar.update(1)
                     bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
+            if self.trackers and self.figures is not None:
+                self.trackers.log_figures(self.step, self.figures(self.run_dir))
         finally:
             self.close()
         return records
@@ -256,6 +259,7 @@ class Trainer:
     def close(self) -> None:
         """Stop the executor's workers (if any) and release the run directory (another process may then resume it)."""
         try:
+            self.trackers.close()
             if self.executor is not None:
                 self.executor.close()
                 self.executor = None
