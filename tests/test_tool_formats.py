@@ -227,3 +227,18 @@ def test_every_format_a_config_can_name_is_registered():
     from scope_marl.config.rollout import ToolFormatName
 
     assert TOOL_FORMATS.names() == sorted(set(get_args(ToolFormatName)) - {"auto"})
+
+
+def test_the_vllm_backend_renders_tools_with_the_same_template_and_sends_those_token_ids(tokenizer):
+    """The vLLM backend is token-in-token-out (``/v1/completions`` with prompt ids), where vLLM's own
+    ``--tool-call-parser`` never runs: the template renders the tools here, the ids go to the server, and
+    the reply is parsed by the parser of the same name. (A real server: ``pytest -m vllm``.)"""
+    from scope_marl.backends.vllm import VLLMChatModel
+    from scope_marl.core.types import Message, SamplingParams
+
+    client = VLLMChatModel("m", "http://vllm.test:8000", with_template(tokenizer, "llama3_json"))
+    assert resolve_tool_format("auto", client).name == "llama3_json"
+    view = [Message(role="system", content="You are the agent."), Message(role="user", content="balance?")]
+    ids = client.encode_text(client.render_chat(view, tools=[BALANCE]))
+    body = client.request(ids, None, 0, SamplingParams(max_new_tokens=4), 100_000)  # what the server receives
+    assert body["prompt"] == ids and '"get_balance"' in client.decode(body["prompt"]) and "Environment: ipython" in client.decode(ids)
