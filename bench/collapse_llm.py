@@ -1,7 +1,7 @@
 """Collapse with a real LLM policy: the theory game's collapse lab with SmolLM2-135M-Instruct as the agent.
 
-Runs ``scope lab --policy llm`` in full (arms single, vs_prob, rotation, cotrain, population; 3 seeds;
-the LLM settings of ``scope_marl.lab.arms.LLM_SETTINGS``), prints the table, then one line:
+Runs ``scope lab --policy llm`` in full (arms single, vs_prob and cotrain, 3 seeds, the LLM settings of
+``scope_marl.lab.arms.LLM_SETTINGS``: the warm-started agent with the KL anchor), prints the table, then one line:
 
     RESULT seeds=S steps=N single_train_change=A single_heldout_change=B vs_prob_over_single=V
     vs_prob_over_single_low=VL cotrain_over_single=C cotrain_over_single_low=CL entropy_single=ES
@@ -24,6 +24,8 @@ from pathlib import Path
 
 from scope_marl.lab.llm_run import LLM_ARMS, run_llm_lab
 from scope_marl.lab.report import format_llm_table
+
+RESULT_ARMS = ("single", "vs_prob", "cotrain")  # what the RESULT line compares (the budget in docs/lab.md is for these)
 
 
 def result_line(results: dict) -> str:
@@ -51,7 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-collapse-llm"), help="run directory (resumed if it exists)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--arms", default=",".join(LLM_ARMS), help="comma-separated; the RESULT line needs single, vs_prob and cotrain")
+    parser.add_argument(
+        "--arms", default=",".join(RESULT_ARMS), help=f"comma-separated, of {', '.join(LLM_ARMS)}; the RESULT line needs these three"
+    )
     parser.add_argument("--quick", action="store_true", help="the --quick setting (minutes; not the benchmark)")
     args = parser.parse_args()
     results = run_llm_lab("theory", args.arms.split(","), args.seeds, args.out, quick=args.quick)

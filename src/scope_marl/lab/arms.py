@@ -101,8 +101,13 @@ class LLMSettings(Settings):
     temperature: float = Field(0.7, gt=0, description="the agent's sampling temperature (its log-probs are exact at it)")
 
 
-# The full LLM setting (bench/collapse_llm.py) and the quick one a test and the demo can afford.
-LLM_SETTINGS = {"theory": LLMSettings(), "p4g": LLMSettings(**SETTINGS["p4g"].model_dump(include={"sim_lr", "sim_kl_coef", "pool_every"}))}
+# The full LLM setting (bench/collapse_llm.py) and the quick one a test and the demo can afford. The theory
+# game's is the second run's (docs/lab.md): the warm-started agent, anchored to it with the KL coefficient
+# bench/lab_kl_select.py chose on the validation panel (0.05: 0.01 let distinct-2 fall to 0.52 of step 0).
+LLM_SETTINGS = {
+    "theory": LLMSettings(warm_start=True, kl_coef=0.05),
+    "p4g": LLMSettings(**SETTINGS["p4g"].model_dump(include={"sim_lr", "sim_kl_coef", "pool_every"})),
+}
 LLM_QUICK = {"steps": 4, "groups": 2, "group_size": 4, "eval_every": 2, "eval_groups": 1, "eval_group_size": 2}
 
 
