@@ -131,6 +131,8 @@ def test_a_killed_run_resumes_into_the_same_wandb_run(tiny_model_dir, tmp_path):
 
 
 class Exploding:
+    wants_figures = True
+
     def log_step(self, record):
         raise OSError(28, "No space left on device")
 
@@ -155,6 +157,13 @@ def test_a_failing_tracker_is_a_warning_and_the_others_go_on(tmp_path):
         trackers.log_step({"step": step, "reward": 0.5})
     assert seen == [1, 2] and list(trackers.live) == ["tensorboard"]
     assert len(said) == 1 and "wandb tracker stopped" in said[0] and "No space left" in said[0] and "metrics.jsonl" in said[0]
+
+    def cannot_draw():
+        raise RuntimeError("no display")
+
+    trackers.live["wandb"] = Exploding()
+    trackers.log_figures(2, cannot_draw)  # the run is done: a figure that cannot be drawn is a warning
+    assert "could not be drawn" in said[-1] and "no display" in said[-1] and "wandb" in trackers.live
 
 
 @needs_wandb

@@ -24,6 +24,8 @@ def flatten(record: dict, prefix: str = "") -> dict[str, float]:
 
 
 class TensorBoardWriter:
+    wants_figures = False  # its scalars draw the same curves
+
     def __init__(self, log_dir: Path):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -49,7 +51,7 @@ class TensorBoardWriter:
         """Dialogues are not mirrored to TensorBoard (rollouts/ has every one)."""
 
     def log_figures(self, step: int, figures) -> None:
-        """Figures are not mirrored to TensorBoard (its scalars draw the same curves)."""
+        """Not called (``wants_figures`` is False)."""
 
     def close(self) -> None:
         if self.writer is not None:

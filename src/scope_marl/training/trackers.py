@@ -24,6 +24,8 @@ from scope_marl.core.types import Episode
 
 
 class Tracker(Protocol):
+    wants_figures: bool  # whether log_figures does anything (the figures are only drawn for one that does)
+
     def log_step(self, record: dict) -> None:
         """One step's metrics line (``record["step"]`` is the step)."""
 
@@ -86,8 +88,17 @@ class Trackers:
             if self.samples and episodes and name in self.live:
                 self._guarded(name, functools.partial(tracker.log_samples, record["step"], episodes[: self.samples]))
 
-    def log_figures(self, step: int, figures: Sequence[Path]) -> None:
-        for name, tracker in list(self.live.items()):
+    def log_figures(self, step: int, draw: Callable[[], Sequence[Path]]) -> None:
+        """The figures ``draw`` makes, to every tracker that wants them (drawn only if one does)."""
+        wanting = {name: t for name, t in self.live.items() if t.wants_figures}
+        if not wanting:
+            return
+        try:
+            figures = draw()
+        except Exception as err:  # the run is trained and saved: a figure that cannot be drawn is only a warning
+            self.say(f"warning: the report's figures could not be drawn ({type(err).__name__}: {err}); the trackers get none")
+            return
+        for name, tracker in wanting.items():
             self._guarded(name, functools.partial(tracker.log_figures, step, figures))
 
     def close(self) -> None:

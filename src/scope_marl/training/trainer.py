@@ -250,8 +250,8 @@ class Trainer:
                         on_step(record)
                     bar.update(1)
                     bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
-            if self.trackers and self.figures is not None:
-                self.trackers.log_figures(self.step, self.figures(self.run_dir))
+            if self.figures is not None:
+                self.trackers.log_figures(self.step, functools.partial(self.figures, self.run_dir))
         finally:
             self.close()
         return records

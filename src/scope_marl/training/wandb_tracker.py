@@ -49,6 +49,8 @@ def dialogue_text(episode: Episode) -> str:
 
 
 class WandbTracker:
+    wants_figures = True
+
     def __init__(self, cfg: TrainConfig, run_dir: Path, say: Callable[[str], None]):
         try:
             import wandb
