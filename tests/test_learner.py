@@ -250,3 +250,54 @@ def test_two_gloo_learners_apply_the_single_learner_update(co_training):
     for name, value in w0.items():
         assert (value == w1[name]).all()  # the ranks stay in step
     assert any(g.abs().sum() > 0 for g in grads.values())
+
+
+# ---- off-policy correction (learner.correction) ----------------------------------------------------------
+
+
+def test_correction_weights_follow_their_formulas():
+    from scope_marl.training.losses import behaviour_weights
+
+    prox = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
+    behav = torch.tensor([[0.0, -2.0, -0.5, -5.0]])  # the last token is padding
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    none, stats = behaviour_weights(prox, behav, mask, "none", 2.0)
+    assert none is None and stats["behaviour_logratio_max"] == pytest.approx(1.5)
+    assert stats["behaviour_logratio_mean"] == pytest.approx((0.0 + 1.0 + 1.5) / 3)
+    tis, stats = behaviour_weights(prox, behav, mask, "tis", 2.0)
+    assert torch.allclose(tis, torch.tensor([[1.0, 2.0, float(torch.tensor(-1.5).exp()), 0.0]]))  # e^1 truncated at 2
+    assert stats["truncated_fraction"] == pytest.approx(1 / 3)
+    decoupled, stats = behaviour_weights(prox, behav, mask, "decoupled", 2.0)
+    assert torch.allclose(decoupled, torch.tensor([[1.0, float(torch.tensor(1.0).exp()), float(torch.tensor(-1.5).exp()), 0.0]]))
+    with pytest.raises(ValueError, match="none, tis or decoupled"):
+        behaviour_weights(prox, behav, mask, "vtrace", 2.0)
+
+
+@pytest.mark.parametrize("correction", ["tis", "decoupled"])
+def test_on_a_batch_sampled_with_the_learners_weights_the_correction_changes_nothing(co_training, correction):
+    """Weights of 1: the corrected update is the uncorrected one, to float precision."""
+    chat, episodes = co_training
+    plain = copy.deepcopy(chat)
+    base = Learner(plain, AGENT, "agent", SAMPLING.temperature, LearnerConfig(lr=1e-3)).step(episodes)
+    corrected_chat = copy.deepcopy(chat)
+    corrected = Learner(corrected_chat, AGENT, "agent", SAMPLING.temperature, LearnerConfig(lr=1e-3, correction=correction)).step(episodes)
+    assert corrected["behaviour_logratio_max"] < 1e-4 and corrected["truncated_fraction"] == 0.0
+    assert corrected["loss"] == pytest.approx(base["loss"], abs=1e-6)
+    for name, p in lora(plain, "agent").items():
+        assert torch.allclose(p, lora(corrected_chat, "agent")[name], atol=1e-6)
+
+
+def test_stale_tokens_are_reweighted_and_truncated(co_training):
+    """Tokens whose behaviour log-probs are far below the learner's (sampled by an older policy that liked
+    them less) get weights above 1: tis truncates them at the cap and says how many it did."""
+    chat, episodes = co_training
+    stale = copy.deepcopy(episodes)
+    for e in stale:
+        s = e.streams[AGENT]
+        s.logprobs = [lp - (1.0 if i % 2 else 0.0) for i, lp in enumerate(s.logprobs)]
+    metrics = Learner(
+        copy.deepcopy(chat), AGENT, "agent", SAMPLING.temperature, LearnerConfig(lr=1e-3, correction="tis", correction_cap=2.0)
+    ).step(stale)
+    assert metrics["behaviour_logratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert 0.3 < metrics["truncated_fraction"] < 0.7  # every other sampled token: e^1 > 2
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # the ratio is against the learner's own scoring

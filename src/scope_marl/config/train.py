@@ -77,6 +77,13 @@ class LearnerConfig(Section):
         "re-scoring of the batch before its first update (for a remote sampler such as a vLLM server, whose log-probs differ in "
         "float detail); the sampler/learner gap is reported either way",
     )
+    correction: Literal["none", "tis", "decoupled"] = Field(
+        "none",
+        description="tokens sampled by an older policy (asynchronous rollouts, a remote sampler): none; tis (the ratio "
+        "against the learner's own re-scoring, times min(learner/behaviour, correction_cap)); decoupled (the same, "
+        "weight untruncated: AReaL's decoupled PPO). Formulas in docs/formats.md",
+    )
+    correction_cap: float = Field(2.0, gt=0, description="tis: the importance weight's truncation c")
     gradient_checkpointing: bool = Field(
         False, description="recompute each layer's activations in the backward instead of keeping them (less memory, ~1/3 more compute)"
     )

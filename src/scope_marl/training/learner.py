@@ -22,7 +22,7 @@ from scope_marl.backends.hf import HFChatModel
 from scope_marl.config.train import LearnerConfig
 from scope_marl.core.types import Episode, RoleStream
 from scope_marl.training.data_parallel import all_ranks, all_reduce_, distributed, rank, shard_groups, world
-from scope_marl.training.losses import get_advantage_fn, loss_agg_normalizer, policy_loss, zero_variance_share
+from scope_marl.training.losses import behaviour_weights, get_advantage_fn, loss_agg_normalizer, policy_loss, zero_variance_share
 from scope_marl.training.sharding import checkpointed_layers, full, is_sharded, run_body
 from scope_marl.training.token_logprobs import body_and_head, check_head_decomposition, token_logprobs
 
@@ -264,6 +264,10 @@ class Learner:
         # gap between its log-probs and the rollout's is float error when the streams are token-exact.
         logprob_gap = gap_sum = 0.0
         rescored: dict[int, torch.Tensor] = {}  # micro-batch -> the learner's log-probs before the first update
+        # The ratio's denominator is the learner's own re-scoring (its proximal policy) when asked for, and
+        # always under an off-policy correction, whose weights compare it with the behaviour log-probs.
+        proximal = self.config.old_logprobs == "learner" or self.config.correction != "none"
+        correction_max = 0.0
         device = self.chat.device
         advantages = advantages.to(device)
         micro_batches = self._micro_batches([streams[i] for i in mine])
@@ -286,13 +290,16 @@ class Learner:
                     sampler_logp[j, : len(s.logprobs)] = torch.tensor(s.logprobs)
                 sampler_logp = sampler_logp.to(device)
                 if epoch == 0:
-                    # Every micro-batch of the first epoch is scored before the optimizer step: the weights that sampled.
-                    if self.config.old_logprobs == "learner":
+                    # Every micro-batch of the first epoch is scored before the optimizer step: the learner's
+                    # weights before this batch (the weights that sampled it, unless the batch is off-policy).
+                    if proximal:
                         rescored[m] = new_logp.detach()
                     difference = (new_logp.detach() - sampler_logp).abs() * mask
                     logprob_gap = max(logprob_gap, float(difference.max()))
                     gap_sum += float(difference.sum())
-                old_logp = rescored[m] if self.config.old_logprobs == "learner" else sampler_logp
+                old_logp = rescored[m] if proximal else sampler_logp
+                weights, correction = behaviour_weights(old_logp, sampler_logp, mask, self.config.correction, self.config.correction_cap)
+                correction_max = max(correction_max, correction.pop("behaviour_logratio_max"))
                 ref_logp = None
                 if self.config.kl_coef > 0:
                     with torch.no_grad():
@@ -310,7 +317,9 @@ class Learner:
                     self.config.entropy_coef,
                     self.config.aggregation,
                     max_tokens,
+                    weights,
                 )
+                stats.update(correction)
                 # Each micro-batch's loss is its own mean; weight it by its share of the batch-level
                 # normalizer so the accumulated gradient equals the full-batch one.
                 tokens = float(mask.sum())
@@ -331,8 +340,8 @@ class Learner:
         self.chat.prefix_cache.clear()  # cached states were computed with the old weights
         n = sampled * self.config.epochs
         logprob_gap = all_ranks(logprob_gap, "max")
-        for key in ("loss", "clip_fraction", "kl", "entropy", "ratio_mean"):  # sums over every rank
-            stats_sum[key] = all_ranks(stats_sum[key])
+        for key in ("loss", "clip_fraction", "kl", "entropy", "ratio_mean", "truncated_fraction", "behaviour_logratio_mean"):
+            stats_sum[key] = all_ranks(stats_sum[key])  # sums over every rank
         return {
             "episodes": len(used),
             "skipped": len(episodes) - len(used),
@@ -346,6 +355,11 @@ class Learner:
             "kl": stats_sum["kl"] / n,
             "entropy": stats_sum["entropy"] / n,
             "ratio_mean": stats_sum["ratio_mean"] / n,
+            # Off-policy correction (learner.correction): tokens whose weight the cap truncated, and how far
+            # the learner's log-probs are from the behaviour's (0 on a batch sampled with the learner's weights).
+            "truncated_fraction": stats_sum["truncated_fraction"] / n,
+            "behaviour_logratio_mean": stats_sum["behaviour_logratio_mean"] / n,
+            "behaviour_logratio_max": all_ranks(correction_max, "max"),
             "logprob_gap": logprob_gap,
             "logprob_gap_mean": all_ranks(gap_sum) / max(sampled, 1),
             "grad_norm": float(grad_norm),

@@ -137,6 +137,42 @@ def clipped_surrogate(
     return loss, was_clipped
 
 
+def behaviour_weights(
+    prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, correction: str, cap: float
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Per-token importance weights for tokens sampled by an older policy, and their statistics.
+
+    With ``prox`` the learner's own log-probs before this batch's update (its proximal policy) and
+    ``behav`` those the tokens were sampled with (an older version in asynchronous training, or another
+    engine's float detail):
+
+    - ``none``: no weight (None); the ratio's denominator is whatever ``old_logprobs`` chose;
+    - ``tis``: w_t = min(exp(prox_t - behav_t), cap): truncated importance sampling (verl's TIS);
+    - ``decoupled``: w_t = exp(prox_t - behav_t): AReaL's decoupled PPO, where the clip acts around the
+      proximal policy and the behaviour ratio is a weight.
+
+    With the ratio taken against ``prox`` (``learner.correction`` sets that), the token loss is
+    w_t * -min(rho_t A, clip(rho_t) A). A batch sampled with the learner's own weights has w = 1. The
+    statistics: the share of tokens the cap truncated, and the mean and max |prox - behav|.
+    """
+    m = mask.bool()
+    n = max(int(m.sum()), 1)
+    log_ratio = (prox_logp - behav_logp).detach()
+    stats = {
+        "behaviour_logratio_mean": float(log_ratio.abs()[m].sum()) / n,
+        "behaviour_logratio_max": float(log_ratio.abs()[m].max()) if m.any() else 0.0,
+    }
+    if correction == "none":
+        return None, {**stats, "truncated_fraction": 0.0}
+    weights = torch.exp(log_ratio)
+    truncated = weights > cap
+    if correction == "tis":
+        weights = weights.clamp(max=cap)
+    elif correction != "decoupled":
+        raise ValueError(f"unknown off-policy correction {correction!r}; choose none, tis or decoupled")
+    return weights * mask, {**stats, "truncated_fraction": float(truncated[m].sum()) / n if correction == "tis" else 0.0}
+
+
 def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Low-variance, unbiased, non-negative estimator of KL(pi || ref) per sampled token (Schulman's k3).
 
@@ -232,14 +268,18 @@ def policy_loss(
     entropy_coef: float = 0.0,
     how: Aggregation = "seq_mean_token_mean",
     max_tokens: int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The full objective on a batch [B, T]: clipped surrogate + kl_coef * k3 - entropy_coef * H.
 
-    ``advantages`` is per sequence [B] and broadcast over its tokens. Returns the scalar loss and
+    ``advantages`` is per sequence [B] and broadcast over its tokens; ``weights`` [B, T] (off-policy
+    correction, :func:`behaviour_weights`) multiply the surrogate's tokens. Returns the scalar loss and
     token-level statistics (clip fraction, mean k3 KL, mean entropy, mean ratio) over the mask.
     """
     adv = advantages[:, None].expand_as(new_logp)
     token_loss, was_clipped = clipped_surrogate(new_logp, old_logp, adv, eps_low, eps_high)
+    if weights is not None:
+        token_loss = token_loss * weights
     kl = kl_k3(new_logp, ref_logp) if ref_logp is not None else torch.zeros_like(new_logp)
     if kl_coef:
         token_loss = token_loss + kl_coef * kl

@@ -165,6 +165,8 @@ class Trainer:
             self._unsynced.add(ADAPTERS[USER])
         episodes = self._play(self.next_tasks())
         rollout_s = time.perf_counter() - started
+        for e in episodes:  # the policy versions (updates applied) that played it, per trained role
+            e.metadata["versions"] = dict.fromkeys(self.learners, self.step)
         if self.lead:
             self.recorder.write_batch(episodes)
         self.step += 1
@@ -188,6 +190,9 @@ class Trainer:
         update_started = time.perf_counter()
         for role, learner in self.learners.items():
             record[f"train_{role}"] = learner.step(episodes)  # under data parallelism each rank trains on its groups
+            # Versions the learner's weights are ahead of the ones that played (0 in sync mode: it played this step).
+            lags = [self.step - 1 - e.metadata["versions"][role] for e in episodes]
+            record[f"train_{role}"]["staleness_mean"] = sum(lags) / max(len(lags), 1)
             self._unsynced.add(ADAPTERS[role])
         record["update_s"] = time.perf_counter() - update_started
         if self.population is not None:
