@@ -120,14 +120,17 @@ def test_config_rejects_inconsistent_roles(tiny_model_dir):
         TrainConfig.model_validate(config(tiny_model_dir, trainable_roles=["agent", "user"]))
 
 
-def train_until_killed(cli: list[str], cfg_path: Path, out: Path, env: dict, step: int = 2) -> None:
-    """Start ``scope train`` into ``out`` and SIGKILL it as soon as its checkpoint of ``step`` is whole."""
+def train_until_killed(cli: list[str], cfg_path: Path, out: Path, env: dict, step: int = 2, before_kill=None) -> None:
+    """Start ``scope train`` into ``out`` and SIGKILL it as soon as its checkpoint of ``step`` is whole
+    (``before_kill(pid)`` first, when given)."""
     killed = subprocess.Popen([*cli, str(cfg_path), "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoint = out / "checkpoints" / f"step-{step:06d}" / "state.json"
     deadline = time.time() + 240
     while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert checkpoint.exists(), "the run never wrote its first checkpoint"
+    if before_kill is not None:
+        before_kill(killed.pid)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
 

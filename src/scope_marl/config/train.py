@@ -156,6 +156,22 @@ class LoggingSettings(Section):
     wandb: WandbSettings = Field(default_factory=WandbSettings)
 
 
+class TrainerSettings(Section):
+    """How rollouts and updates take turns (docs/async.md)."""
+
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: play a batch, then update on it; async: a generator process plays the next batches with the newest "
+        "weights it holds while the learners update (pair with learner.correction)",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="async: a batch is trained at most this many policy versions after the weights that played it (0: the sync loop)",
+    )
+    generator_threads: int = Field(1, ge=1, description="async: torch threads of the generator process")
+
+
 class TrainConfig(Section):
     """``scope train``: one experiment arm."""
 
@@ -195,6 +211,7 @@ class TrainConfig(Section):
     )
     logging: LoggingSettings = Field(default_factory=LoggingSettings, description="trackers: TensorBoard, Weights & Biases")
     executor: Literal["local", "ray"] = Field("local", description="rollouts in this process, or on Ray rollout workers (the ray extra)")
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings, description="sync or async rollouts (docs/async.md)")
     ray: RaySettings = Field(default_factory=RaySettings)
 
     @property
@@ -212,6 +229,22 @@ class TrainConfig(Section):
             raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
         if self.sampler is not None and self.executor == "ray":
             raise ValueError("sampler: Ray rollout workers do not receive the sampler's adapters yet; use executor: local with a sampler")
+        if self.trainer.mode == "async":
+            unsupported = [
+                what
+                for what, present in (
+                    ("executor: ray", self.executor == "ray"),
+                    ("sampler", self.sampler is not None),
+                    ("pool", self.pool is not None),
+                    ("finetune: full", self.finetune == "full"),
+                )
+                if present
+            ]
+            if unsupported:
+                raise ValueError(
+                    f"trainer.mode: async runs its generator as a local process with LoRA adapters; it does not yet work with "
+                    f"{', '.join(unsupported)}: use trainer.mode: sync for those"
+                )
         if self.sampler is not None and self.finetune == "full":
             raise ValueError("sampler: a server receives LoRA adapters, not whole weights; use finetune: lora with a sampler")
         if self.finetune == "full" and self.trainable_roles != ["agent"]:

@@ -22,7 +22,13 @@ def open_executor(
     """The executor a config asks for. ``cfg`` is any config with ``executor`` and ``ray`` settings (and
     optionally ``sampler``); ``factory`` builds an engine (what each Ray worker runs; here when no
     ``engine`` is given, or None for a jobs-only executor); ``ranks``: this process is one of several
-    data-parallel ranks; ``sampler_folder``: where adapters for a sampler server are written."""
+    data-parallel ranks; ``sampler_folder``: where adapters for a sampler server are written. A training
+    config with ``trainer.mode: async`` gets a generator process that plays ahead of the learner."""
+    trainer = getattr(cfg, "trainer", None)
+    if trainer is not None and trainer.mode == "async":
+        from scope_marl.executor.generator import GeneratorExecutor
+
+        return GeneratorExecutor(factory, threads=trainer.generator_threads)
     if cfg.executor == "ray":
         from scope_marl.executor.ray_workers import RayExecutor
 

@@ -18,7 +18,7 @@ sample the same episodes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from scope_marl.core.types import Episode
 from scope_marl.envs.base import Task
@@ -79,6 +79,20 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+def load_adapter_tensors(engine, adapters: dict[str, dict[str, Any]]) -> None:
+    """Copy adapter tensors (name -> peft state dict) into every engine model that holds that adapter."""
+    models = {id(engine.agent.model): engine.agent.model}
+    seat = engine.simulator.direct_seat()
+    if seat is not None:
+        models[id(seat.model)] = seat.model
+    for name, tensors in adapters.items():
+        holders = [m for m in models.values() if name in getattr(m, "adapters", [])]
+        if not holders:
+            raise ValueError(f"no model of this worker holds adapter {name!r}; the worker's factory must add it")
+        for model in holders:
+            model.set_adapter_tensors(name, tensors)
 
 
 def split_blocks(n: int, parts: int) -> list[tuple[int, int]]:

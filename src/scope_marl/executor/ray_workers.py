@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from scope_marl.core.types import Episode
 from scope_marl.envs.base import Task
-from scope_marl.executor.base import EngineFactory, split_blocks
+from scope_marl.executor.base import EngineFactory, load_adapter_tensors, split_blocks
 
 T = TypeVar("T")
 
@@ -46,20 +46,6 @@ def _require_ray():
     except ModuleNotFoundError:
         raise ModuleNotFoundError("executor 'ray' needs Ray: pip install -e '.[ray]' (make setup installs it)") from None
     return ray
-
-
-def load_adapter_tensors(engine, adapters: dict[str, dict[str, Any]]) -> None:
-    """Copy adapter tensors (name -> peft state dict) into every engine model that holds that adapter."""
-    models = {id(engine.agent.model): engine.agent.model}
-    seat = engine.simulator.direct_seat()
-    if seat is not None:
-        models[id(seat.model)] = seat.model
-    for name, tensors in adapters.items():
-        holders = [m for m in models.values() if name in getattr(m, "adapters", [])]
-        if not holders:
-            raise ValueError(f"no model of this worker holds adapter {name!r}; the worker's factory must add it")
-        for model in holders:
-            model.set_adapter_tensors(name, tensors)
 
 
 def connect(address: str | None = None):

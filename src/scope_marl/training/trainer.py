@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -128,6 +129,9 @@ class Trainer:
         )
         self.step = 0
         self.cursor = 0
+        # async: batches queued on the generator and not yet trained, as (task cursor, first group) before each
+        self._in_flight: deque[tuple[int, int]] = deque()
+        self._lost_in_flight = 0  # set by a resume: batches played ahead but never trained, played again
         self.best: tuple[float, str] | None = None
 
     @property
@@ -158,15 +162,47 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self) -> dict:
+        """One synchronous step: play a batch with the current weights, then update on it."""
         self.threads.adjust()
         started = time.perf_counter()
         if self.population is not None:
             self.population.draw(self.step)
             self._unsynced.add(ADAPTERS[USER])
         episodes = self._play(self.next_tasks())
-        rollout_s = time.perf_counter() - started
+        return self._learn(episodes, time.perf_counter() - started)
+
+    def async_step(self) -> dict:
+        """One asynchronous step (``trainer.mode: async``): keep up to ``max_staleness + 1`` batches queued
+        on the generator, each admitted only with weights at most ``max_staleness`` versions older than the
+        step it will be trained at, then update on the oldest as soon as it is played (docs/async.md)."""
+        self.threads.adjust()
+        k = self.cfg.trainer.max_staleness
+        while len(self._in_flight) <= k and self.step + len(self._in_flight) < self.cfg.steps:
+            if self._unsynced:  # the weights before the first batch, or after a resume
+                self.executor.push(self.chat, sorted(self._unsynced), version=self.step)
+                self._unsynced.clear()
+            cursor, first = self.cursor, self.engine.state_dict()["groups"]
+            tasks = self.next_tasks()
+            self.executor.submit(tasks, first, min_version=self.step + len(self._in_flight) - k)
+            self.engine.load_state_dict({"groups": first + len(tasks)})
+            self._in_flight.append((cursor, first))
+        started = time.perf_counter()
+        episodes, played = self.executor.collect()
+        self._in_flight.popleft()
+        record = self._learn(
+            episodes,
+            time.perf_counter() - started,
+            {"in_flight": len(self._in_flight), "generate_s": played["generate_s"], "generator_idle_s": played["idle_s"]},
+        )
+        if self._unsynced:  # the update's weights go out at once: the generator's next batch may use them
+            self.executor.push(self.chat, sorted(self._unsynced), version=self.step)
+            self._unsynced.clear()
+        return record
+
+    def _learn(self, episodes: list, rollout_s: float, asynchronous: dict | None = None) -> dict:
+        """Record a played batch, update every trained role on it, evaluate and checkpoint when due."""
         for e in episodes:  # the policy versions (updates applied) that played it, per trained role
-            e.metadata["versions"] = dict.fromkeys(self.learners, self.step)
+            e.metadata["versions"] = dict.fromkeys(self.learners, e.metadata.pop("behaviour_version", self.step))
         if self.lead:
             self.recorder.write_batch(episodes)
         self.step += 1
@@ -178,6 +214,8 @@ class Trainer:
             "status": summary["status"],
             "generated_tokens": sum(s.num_sampled_tokens for e in episodes for s in e.streams.values()),
         }
+        if asynchronous is not None:
+            record["async"] = asynchronous  # rollout_s is then the learner's wait for the batch
         for role, stats in summary["rewards"].items():
             record[f"reward_{role}"] = {"mean": stats["mean"], "std": stats["std"]}
         reported = self.engine.simulator.batch_metrics(episodes)
@@ -249,7 +287,7 @@ class Trainer:
         try:
             with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not (progress and self.lead)) as bar:
                 while self.step < self.cfg.steps:
-                    record = self.train_step()
+                    record = self.async_step() if self.cfg.trainer.mode == "async" else self.train_step()
                     records.append(record)
                     if on_step is not None:
                         on_step(record)
@@ -283,6 +321,10 @@ class Trainer:
         if not self.lead and not self.sharded:
             return None
         population = self.population.state() if self.population is not None else {"pool": None, "member_rewards": {}}
+        # A resume starts from the oldest batch not yet trained: batches in flight are played again, never twice trained.
+        cursor, engine_state = self.cursor, self.engine.state_dict()
+        if self._in_flight:
+            cursor, engine_state = self._in_flight[0][0], {**engine_state, "groups": self._in_flight[0][1]}
         return self.dir.save_checkpoint(
             self.step,
             self.cfg.keep_last,
@@ -290,8 +332,14 @@ class Trainer:
             chat=self.chat,
             adapters=self._saved_adapters(),
             optimizers={role: learner.optimizer for role, learner in self.learners.items() if not (self.sharded and role == AGENT)},
-            state={"cursor": self.cursor, "best": self.best, "config": self.cfg.model_dump(mode="json"), **population},
-            engine_state=self.engine.state_dict(),
+            state={
+                "cursor": cursor,
+                "best": self.best,
+                "config": self.cfg.model_dump(mode="json"),
+                "in_flight": len(self._in_flight),
+                **population,
+            },
+            engine_state=engine_state,
             weights={ADAPTERS[AGENT]: self.agent_chat} if self.full and not self.sharded else None,
             sharded={ADAPTERS[AGENT]: (self.agent_chat.model, self.learners[AGENT].optimizer)} if self.sharded else None,
         )
@@ -324,6 +372,11 @@ class Trainer:
                 run.load_newest_checkpoint(self._load_checkpoint, log)
             run.trim_metrics(self.step, log)
             run.trim_rollouts(self.step, log)
+            if self._lost_in_flight:
+                log(
+                    f"resuming at step {self.step}: {self._lost_in_flight} batch(es) the generator had played ahead were never "
+                    "trained and are played again (an async resume is not number-for-number)"
+                )
             self.recorder = RolloutRecorder(run.rollouts)
             if self.population is not None:
                 self.population.rewind(self.step, log)
@@ -347,6 +400,7 @@ class Trainer:
         checkpoint.restore_rng(rng)
         self.engine.load_state_dict(rng["engine"])
         self.step, self.cursor, self.best = state["step"], state["cursor"], state["best"]
+        self._lost_in_flight = state.get("in_flight", 0)  # async: batches played but not trained when it was saved
         self._unsynced = self._run_adapters()
         if self.population is not None:
             self.population.load_state(state)

@@ -1,0 +1,111 @@
+"""trainer.mode: async: a generator process plays ahead of the learners, with bounded staleness.
+
+k = 0 is the synchronous loop run in two processes (same episodes, same updates); with k > 0 no batch
+is trained more than k versions after the weights that played it; a resumed async run trains no
+episode twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_trainer import comparable, config
+
+from scope_marl.config import TrainConfig
+from scope_marl.experiment import resume, start
+
+
+def async_config(model_dir, k: int, **overrides) -> dict:
+    return config(model_dir, trainer={"mode": "async", "max_staleness": k}, **overrides)
+
+
+def episodes_of(run_dir) -> list[dict]:
+    return [json.loads(line) for path in sorted((run_dir / "rollouts").glob("*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def same_learning(record: dict) -> dict:
+    out = comparable(record)
+    out.pop("async", None)
+    for key in [k for k in out if k.startswith("train_")]:
+        out[key] = {k: v for k, v in out[key].items() if k != "staleness_mean"}
+    return out
+
+
+@pytest.mark.integration
+def test_async_with_staleness_zero_trains_on_exactly_the_sync_batches(tiny_model_dir, tmp_path):
+    sync = start(TrainConfig.model_validate(config(tiny_model_dir, steps=3, eval={"every": 0})), tmp_path / "sync").run(progress=False)
+    trainer = start(TrainConfig.model_validate(async_config(tiny_model_dir, 0, steps=3, eval={"every": 0})), tmp_path / "async")
+    assert "generator process" in trainer.executor.describe()
+    played = trainer.run(progress=False)
+    for a, b in zip(played, sync, strict=True):
+        assert a["train_agent"]["loss"] == pytest.approx(b["train_agent"]["loss"], abs=1e-6)
+        assert same_learning(a) == same_learning(b)
+        assert a["train_agent"]["staleness_mean"] == 0.0 and a["async"]["in_flight"] == 0
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("metadata", "timings")}  # clocks differ
+    assert [strip(e) for e in episodes_of(tmp_path / "async")] == [strip(e) for e in episodes_of(tmp_path / "sync")]
+
+
+@pytest.mark.integration
+def test_no_batch_is_trained_beyond_k_versions_and_a_resume_trains_no_episode_twice(tiny_model_dir, tmp_path):
+    k = 2
+    cfg = TrainConfig.model_validate(async_config(tiny_model_dir, k, steps=5, checkpoint_every=2, eval={"every": 0}))
+    records = start(cfg, tmp_path / "run").run(progress=False)
+    lags = []
+    for record in records:
+        lag = record["train_agent"]["staleness_mean"]
+        assert 0 <= lag <= k
+        lags.append(lag)
+    assert max(lags) > 0, "the generator never ran ahead"
+    for e in episodes_of(tmp_path / "run"):
+        assert e["metadata"]["versions"]["agent"] >= 0
+    # Resume from the step-4 checkpoint as if the run had been killed there: the batch in flight then is played again.
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-000005").rename(run / "set-aside")
+    said = []
+    trainer = resume(run, log=said.append)
+    assert trainer.step == 4 and any("1 batch(es) the generator had played ahead" in m for m in said)
+    trainer.run(progress=False)
+    ids = [e["episode_id"] for e in episodes_of(run)]
+    assert len(ids) == len(set(ids)) == 5 * cfg.tasks_per_step * cfg.rollout.group_size
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_async_refuses_what_it_does_not_support_yet(tiny_model_dir):
+    with pytest.raises(ValueError, match="executor: ray"):
+        TrainConfig.model_validate(async_config(tiny_model_dir, 1, executor="ray"))
+
+
+@pytest.mark.integration
+def test_sigkill_during_an_async_run_resumes_with_every_step_once_and_leaves_no_generator(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from test_trainer import train_until_killed
+
+    cfg_path = tmp_path / "train.yaml"
+    cfg_path.write_text(yaml.safe_dump(async_config(tiny_model_dir, 1, steps=4, checkpoint_every=2)))
+    cli = [sys.executable, "-m", "scope_marl.cli", "train"]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    children: list[int] = []
+
+    def before_kill(pid: int) -> None:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children.extend(int(c) for c in (task / "children").read_text().split())
+
+    train_until_killed(cli, cfg_path, tmp_path / "run", env, before_kill=before_kill)
+    assert children, "the trainer had no generator process"
+    deadline = time.time() + 30
+    while any(Path(f"/proc/{c}").exists() for c in children) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{c}").exists() for c in children), "the generator outlived its killed trainer"
+    done = subprocess.run([*cli, "--resume", str(tmp_path / "run")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ids = [e["episode_id"] for e in episodes_of(tmp_path / "run")]
+    assert len(ids) == len(set(ids)) == 4 * 2 * 2  # steps x tasks_per_step x group_size, none twice
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
