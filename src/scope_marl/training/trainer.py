@@ -71,6 +71,8 @@ class Trainer:
             raise ValueError(
                 "data-parallel ranks (torchrun) each play their own groups: use executor: local with torchrun, or Ray without it"
             )
+        if self.world > 1 and cfg.trainer.mode == "async":
+            raise ValueError("trainer.mode: async runs one generator process for one learner: train without torchrun, or use mode: sync")
         if self.world > 1 and cfg.sampler is not None:
             # Every rank would save its adapters into the same run directory for the server to read.
             raise ValueError("a sampler server takes adapters from one process: train with a sampler without torchrun")
