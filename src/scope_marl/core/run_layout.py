@@ -10,7 +10,7 @@ A neutral module below both, so neither has to import the other to find a checkp
         pool/                           population co-training's simulator pool
         tensorboard/                    the optional TensorBoard mirror of metrics.jsonl
         report/                         with a tracker: the report (collapse.png, heldout.png) logged at the end
-        wandb/  wandb-run.json          with the wandb tracker: W&B's own files; the W&B run id and last step logged
+        wandb/  wandb-run.json          with the wandb tracker: W&B's own files; the W&B run id and last step surely written
         sampler-adapters/NAME-vSTEP/    with a sampler server: the adapter versions it loads
         checkpoints/step-NNNNNN/
             adapters/<name>/            peft adapter files, one folder per trained adapter

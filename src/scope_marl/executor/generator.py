@@ -110,10 +110,6 @@ class GeneratorExecutor:
         self._tickets.append(ticket)
         return ticket
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._tickets)
-
     def collect(self) -> tuple[list[Episode], dict[str, Any]]:
         """The oldest submitted batch's episodes (waiting for them) and its timings and version."""
         expected = self._tickets.popleft()

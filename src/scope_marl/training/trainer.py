@@ -180,9 +180,7 @@ class Trainer:
         self.threads.adjust()
         k = self.cfg.trainer.max_staleness
         while len(self._in_flight) <= k and self.step + len(self._in_flight) < self.cfg.steps:
-            if self._unsynced:  # the weights before the first batch, or after a resume
-                self.executor.push(self.chat, sorted(self._unsynced), version=self.step)
-                self._unsynced.clear()
+            self._push_unsynced()  # the weights before the first batch, or after a resume
             cursor, first = self.cursor, self.engine.state_dict()["groups"]
             tasks = self.next_tasks()
             self.executor.submit(tasks, first, min_version=self.step + len(self._in_flight) - k)
@@ -196,9 +194,7 @@ class Trainer:
             time.perf_counter() - started,
             {"in_flight": len(self._in_flight), "generate_s": played["generate_s"], "generator_idle_s": played["idle_s"]},
         )
-        if self._unsynced:  # the update's weights go out at once: the generator's next batch may use them
-            self.executor.push(self.chat, sorted(self._unsynced), version=self.step)
-            self._unsynced.clear()
+        self._push_unsynced()  # the update's weights go out at once: the generator's next batch may use them
         return record
 
     def _learn(self, episodes: list, rollout_s: float, asynchronous: dict | None = None) -> dict:
@@ -268,13 +264,18 @@ class Trainer:
         """The run's adapters on the base (the ones the Ray workers' factory adds)."""
         return {name for name in ADAPTERS.values() if name in self.chat.adapters}
 
-    def _play(self, tasks) -> list:
-        """One step's groups, on the run's executor, under the numbers the local engine would give them
-        (so every executor samples the same episodes)."""
+    def _push_unsynced(self) -> None:
+        """Send the adapters changed since the last push to where the plays run, tagged with the step
+        (and, with a pool, the member now playing in the simulator's adapter)."""
         if self._unsynced:
             simulator_id = self.engine.simulator.simulator_id if self.population is not None else None
             self.executor.push(self.chat, sorted(self._unsynced), version=self.step, simulator_id=simulator_id)
             self._unsynced.clear()
+
+    def _play(self, tasks) -> list:
+        """One step's groups, on the run's executor, under the numbers the local engine would give them
+        (so every executor samples the same episodes)."""
+        self._push_unsynced()
         with sharding.gathered(self.agent_chat.model):  # a sharded agent plays with its whole weights on every rank
             first = self.engine.state_dict()["groups"]
             episodes = self.executor.play(tasks, first_group=first)
