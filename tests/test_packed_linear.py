@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 from scope_marl.backends.base import SamplingParams
 from scope_marl.backends.packed_linear import ROW_BUCKETS, PackedLinears, PackedWeights, packing_available, row_bucket
+from scope_marl.backends.prefix_cache import CachedPrefix
 from tests.test_hf_backend import reference_scores
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
@@ -180,3 +182,37 @@ def test_the_steps_routing_follows_the_adapters_and_the_packed_weights(tiny_chat
     tiny_chat.packed = PackedWeights(always=True)
     tiny_chat.generate_ids([[5, 6, 7]], sampling, adapters=["late"])
     assert len(tiny_chat.packed) == before + 2 * layers, "the new weights object did the packing"
+
+
+def test_an_adapter_removed_and_added_again_under_its_name_is_routed_and_sampled_like_a_fresh_one(tiny_chat, make_tiny_model, tokenizer):
+    """The LLM lab gives every run a fresh adapter under the same name (remove, then add). The new
+    LoRA linears must be routed like the first adapter's, the deleted ones dropped, and the states
+    cached with the old adapter forgotten: a run after a run samples bit for bit what a run in a fresh
+    process samples (the routing was once found only when the adapter names changed, so the second
+    run's LoRA went through torch's kernels, a last-bits difference that training then grew)."""
+    from peft import LoraConfig
+
+    from scope_marl.backends.hf import HFChatModel
+
+    def sample(chat) -> list[float]:
+        torch.manual_seed(1)
+        chat.add_adapter("agent", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+        out = chat.generate_ids([[5, 6, 7, 8]], SamplingParams(temperature=1.0, max_new_tokens=8, seed=3), adapters=["agent"])[0]
+        return out.logprobs
+
+    fresh = HFChatModel(make_tiny_model(), tokenizer, name="fresh")
+    fresh.packed = PackedWeights(always=True)
+    tiny_chat.packed = PackedWeights(always=True)
+    sample(tiny_chat)
+    packs = len(tiny_chat.packed)
+    for key, adapter in (("a", "agent"), ("b", None)):
+        tiny_chat.prefix_cache.store(key, CachedPrefix([5, 6], adapter, [], []))
+    tiny_chat.prefix_cache.share("a")
+    tiny_chat.prefix_cache.store("c", CachedPrefix([5, 6, 7], "agent", [], []))
+    tiny_chat.remove_adapter("agent")
+    assert tiny_chat.prefix_cache.reusable("c", [5, 6, 7, 8], "agent") == (None, 0), "states of the old adapter are gone"
+    assert tiny_chat.prefix_cache.get("b") is not None, "the base model's states stay"
+    gc.collect()
+    assert len(tiny_chat.packed) < packs, "the deleted adapter's packed weights went with it"
+    assert sample(tiny_chat) == sample(fresh)
+    assert len(tiny_chat.packed) == packs, "the new adapter's LoRA linears run packed, as the first one's did"

@@ -147,10 +147,15 @@ class HFChatModel(ChatTokens):
             if "lora_" in parameter_name and f".{name}." in parameter_name and parameter.dtype != torch.float32:
                 parameter.data = parameter.data.float()
         self.model.eval()
+        self._packed_modules = None  # new LoRA linears: the decode routing is found again
 
     def remove_adapter(self, name: str) -> None:
-        """Drop adapter ``name`` (an evicted pool member; names are never reused, so cached states need no purge)."""
+        """Drop adapter ``name`` (an evicted pool member, or the lab's agent before a fresh one of the same name)."""
         self.model.delete_adapter(name)
+        self.prefix_cache.forget_adapter(name)
+        # The routing held the deleted LoRA linears; kept, it would leave the next adapter of this name on torch's
+        # path (a last-bits difference from a fresh process's run) and keep the deleted weights alive.
+        self._packed_modules = None
 
     def load_adapter_weights(self, name: str, folder: str | os.PathLike) -> None:
         """Overwrite adapter ``name``'s weights with those saved in ``folder`` (peft layout)."""

@@ -118,6 +118,13 @@ class PrefixCache:
         for key in keys:
             self._entries.pop(key, None)
 
+    def forget_adapter(self, adapter: str) -> None:
+        """Drop every state computed with ``adapter`` (it was removed; a new adapter may take its name)."""
+        for key in [k for k, e in self._entries.items() if e.adapter == adapter]:
+            del self._entries[key]
+        for key in [k for k, (e, _) in self._shared.items() if e.adapter == adapter]:
+            del self._shared[key]
+
     def clear(self) -> None:
         """Forget everything, e.g. after the model's weights changed."""
         self._entries.clear()
