@@ -79,7 +79,18 @@ def train_run(mode_k: int, correction: str, steps: int, out: Path) -> dict:
         "staleness_mean": sum(r["train_agent"]["staleness_mean"] for r in records) / len(records),
         "final_rewards": [e["rewards"]["agent"] for e in late],
         "final_tasks": [e["task_id"] for e in late],
+        "lengths": [episode_tokens(e) for e in episodes],  # every episode played is trained: the trained lengths
     }
+
+
+def episode_tokens(episode: dict) -> int:
+    """Tokens sampled in an episode, both roles: its length as the generator pays for it."""
+    return sum(sum(s["loss_mask"]) for s in episode["streams"].values())
+
+
+def length_quantiles(lengths: list[int]) -> str:
+    q = np.quantile(lengths, [0.1, 0.5, 0.9])
+    return f"p10 {q[0]:.0f}  p50 {q[1]:.0f}  p90 {q[2]:.0f}  max {max(lengths)}  mean {np.mean(lengths):.1f}"
 
 
 def mean_gap(a: list[float], a_tasks: list[str], b: list[float], b_tasks: list[str], resamples: int = 2000) -> tuple[float, float, float]:
@@ -99,6 +110,13 @@ def mean_gap(a: list[float], a_tasks: list[str], b: list[float], b_tasks: list[s
     return float(np.mean(a) - np.mean(b)), float(low), float(high)
 
 
+def ks_statistic(a: list[int], b: list[int]) -> float:
+    """The largest gap between the two samples' empirical distribution functions."""
+    grid = np.union1d(a, b)
+    cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)
+    return float(np.max(np.abs(cdf(a) - cdf(b))))
+
+
 def speed(steps: int, out: Path) -> str:
     sync = train_run(0, "none", steps, out / "sync")
     asyn = train_run(1, "tis", steps, out / "async")
@@ -109,11 +127,19 @@ def speed(steps: int, out: Path) -> str:
             f"learner waiting {r['learner_wait']:.2f}  staleness {r['staleness_mean']:.2f}  "
             f"final reward {reward['mean']:.3f} [{reward['low']:.3f}, {reward['high']:.3f}]"
         )
+    for name, r in (("sync", sync), ("async", asyn)):
+        print(
+            f"trained episode length (tokens sampled, both roles), {name:5s}: {length_quantiles(r['lengths'])}  ({len(r['lengths'])} episodes)"
+        )
+    ks = ks_statistic(sync["lengths"], asyn["lengths"])
+    print(f"  two-sample Kolmogorov-Smirnov distance between them: {ks:.3f}")
     gap, gap_lo, gap_hi = mean_gap(asyn["final_rewards"], asyn["final_tasks"], sync["final_rewards"], sync["final_tasks"])
     return (
         f"RESULT sync_eps_h={sync['eps_h']:.1f} async_eps_h={asyn['eps_h']:.1f} speedup={asyn['eps_h'] / sync['eps_h']:.3f} "
         f"gen_idle_sync={sync['gen_idle']:.3f} gen_idle_async={asyn['gen_idle']:.3f} staleness_mean={asyn['staleness_mean']:.3f} "
-        f"reward_gap={gap:.4f} reward_gap_lo={gap_lo:.4f} reward_gap_hi={gap_hi:.4f} gemm_gflops={gemm_gflops():.1f}"
+        f"reward_gap={gap:.4f} reward_gap_lo={gap_lo:.4f} reward_gap_hi={gap_hi:.4f} "
+        f"length_p50_sync={np.median(sync['lengths']):.0f} length_p50_async={np.median(asyn['lengths']):.0f} length_ks={ks:.3f} "
+        f"gemm_gflops={gemm_gflops():.1f}"
     )
 
 

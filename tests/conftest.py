@@ -126,6 +126,22 @@ def tiny_model_dir(tmp_path_factory, make_tiny_model, tokenizer):
     return path
 
 
+@pytest.fixture(scope="session")
+def talky_model_dir(tmp_path_factory, make_tiny_model, tokenizer):
+    """The tiny Llama saved with an end-of-turn embedding (tied: also its output row) along the mean
+    direction of the model's final hidden states, so its turns end after a few tokens or run to the
+    limit, depending on what was sampled: episodes of very different lengths from a plain checkpoint."""
+    path = tmp_path_factory.mktemp("talky-model")
+    model = make_tiny_model()
+    with torch.no_grad():
+        ids = torch.randint(0, len(tokenizer), (64, 40), generator=torch.Generator().manual_seed(0))
+        mean = model.model(ids).last_hidden_state.reshape(-1, model.config.hidden_size).mean(0)
+        model.model.embed_tokens.weight[tokenizer.eos_token_id] = 8.0 * mean / mean.norm()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``vllm`` run only when asked for (``pytest -m vllm``): they need vLLM's own venv."""
     if "vllm" in (config.getoption("-m") or ""):

@@ -73,8 +73,12 @@ def test_no_batch_is_trained_beyond_k_versions_and_a_resume_trains_no_episode_tw
 
 
 def test_async_refuses_what_it_does_not_support_yet(tiny_model_dir):
-    with pytest.raises(ValueError, match="executor: ray"):
-        TrainConfig.model_validate(async_config(tiny_model_dir, 1, executor="ray"))
+    with pytest.raises(ValueError, match="finetune: full"):
+        TrainConfig.model_validate(async_config(tiny_model_dir, 1, finetune="full"))
+    sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
+    with pytest.raises(ValueError, match="pool"):
+        TrainConfig.model_validate(async_config(tiny_model_dir, 1, simulator=sim, trainable_roles=["agent", "user"], pool={"every": 1}))
+    assert TrainConfig.model_validate(async_config(tiny_model_dir, 1, executor="ray")).trainer.mode == "async"
 
 
 @pytest.mark.integration
@@ -109,3 +113,35 @@ def test_sigkill_during_an_async_run_resumes_with_every_step_once_and_leaves_no_
     assert len(ids) == len(set(ids)) == 4 * 2 * 2  # steps x tasks_per_step x group_size, none twice
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.integration
+def test_episodes_of_very_different_lengths_are_trained_as_in_the_sync_run(talky_model_dir, tmp_path):
+    """Admission control trains every played episode, oldest batch first: async (k = 2) trains at each
+    step the groups the sync run trains then, slow long episodes included, and the trained lengths
+    have sync's distribution (a loop that dropped stale episodes would lose the long ones)."""
+    import numpy as np
+
+    sampling = {"temperature": 1.0, "max_new_tokens": 32}
+    overrides = {
+        "steps": 4,
+        "tasks_per_step": 4,
+        "eval": {"every": 0},
+        "agent_sampling": sampling,
+        "simulator": {"mode": "frozen", "model": f"hf:{talky_model_dir}", "sampling": sampling},
+        "rollout": {"group_size": 4, "max_concurrent": 16, "on_turn_limit": "continue", "progress": False},
+    }
+    start(TrainConfig.model_validate(config(talky_model_dir, **overrides)), tmp_path / "sync").run(progress=False)
+    start(TrainConfig.model_validate(async_config(talky_model_dir, 2, **overrides)), tmp_path / "async").run(progress=False)
+    runs = {name: episodes_of(tmp_path / name) for name in ("sync", "async")}
+    trained = {name: [(e["group_id"], e["task_id"]) for e in episodes] for name, episodes in runs.items()}
+    assert trained["async"] == trained["sync"], "the same groups, in the same order, every episode of each"
+    assert max(e["metadata"]["versions"]["agent"] for e in runs["async"]) < 3, "batches were played ahead"
+    lengths = {
+        name: np.array([sum(sum(s["loss_mask"]) for s in e["streams"].values()) for e in episodes]) for name, episodes in runs.items()
+    }
+    assert lengths["sync"].max() >= 4 * max(lengths["sync"].min(), 1), f"the episodes' lengths differ widely: {sorted(lengths['sync'])}"
+    grid = np.union1d(lengths["sync"], lengths["async"])
+    cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)
+    distance = np.abs(cdf(lengths["sync"]) - cdf(lengths["async"])).max()
+    assert distance < 1.36 * np.sqrt(2 / len(lengths["sync"])), f"Kolmogorov-Smirnov distance {distance:.3f}"

@@ -387,3 +387,62 @@ def test_a_job_whose_worker_dies_runs_again_on_its_replacement(tmp_path):
             executor.map([lambda: 1 // 0])  # a job's own error is raised as it is
     finally:
         executor.close()
+
+
+def async_ray_config(model_dir, k: int, **overrides) -> dict:
+    from tests.test_trainer import config
+
+    return config(model_dir, executor="ray", trainer={"mode": "async", "max_staleness": k}, eval={"every": 0}, **overrides)
+
+
+def test_async_training_on_ray_with_staleness_zero_is_the_sync_run(tiny_model_dir, tmp_path, one_thread):
+    """trainer.mode: async on Ray workers, k = 0: the batches the synchronous loop trains on, the same losses."""
+    from scope_marl.config import TrainConfig
+    from scope_marl.experiment import start
+    from tests.test_async_training import episodes_of, same_learning
+    from tests.test_trainer import config
+
+    sync = start(TrainConfig.model_validate(config(tiny_model_dir, steps=3, eval={"every": 0})), tmp_path / "sync").run(progress=False)
+    trainer = start(TrainConfig.model_validate(async_ray_config(tiny_model_dir, 0, steps=3, ray={"workers": 1})), tmp_path / "ray")
+    assert "Ray worker" in trainer.executor.describe() and trainer.executor.asynchronous
+    played = trainer.run(progress=False)
+    for a, b in zip(played, sync, strict=True):
+        assert a["train_agent"]["loss"] == pytest.approx(b["train_agent"]["loss"], abs=1e-6)
+        assert same_learning(a) == same_learning(b) and a["train_agent"]["staleness_mean"] == 0.0
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("metadata", "timings")}
+    assert [strip(e) for e in episodes_of(tmp_path / "ray")] == [strip(e) for e in episodes_of(tmp_path / "sync")]
+
+
+def test_async_training_on_ray_replaces_a_worker_killed_with_a_batch_in_flight(tiny_model_dir, tmp_path, one_thread):
+    """A worker killed while a batch is queued on it (k = 1: the next batch plays during the update) is
+    replaced; the batch is played again by the replacement (with the newest adapters, so never staler
+    than k) and the run trains every step once on every episode of it."""
+    from scope_marl.config import TrainConfig
+    from scope_marl.experiment import start
+    from tests.test_async_training import episodes_of
+
+    k, steps = 1, 4
+    cfg = TrainConfig.model_validate(
+        async_ray_config(
+            tiny_model_dir, k, steps=steps, tasks_per_step=4, ray={"workers": 2}, agent_sampling={"temperature": 1.0, "max_new_tokens": 24}
+        )
+    )
+    trainer = start(cfg, tmp_path / "run")
+    executor = trainer.executor
+    victim = executor.worker_pids()[0]
+
+    def kill_after_the_first_update(record: dict) -> None:
+        if record["step"] == 1:
+            assert len(trainer._in_flight) == k, "a batch is queued on the workers"
+            os.kill(victim, signal.SIGKILL)
+
+    records = trainer.run(progress=False, on_step=kill_after_the_first_update)
+    assert executor.restarts == 1
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(0 <= r["train_agent"]["staleness_mean"] <= k for r in records)
+    assert max(r["train_agent"]["staleness_mean"] for r in records) > 0, "the workers never played ahead"
+    episodes = episodes_of(tmp_path / "run")
+    ids = [e["episode_id"] for e in episodes]
+    assert len(ids) == len(set(ids)) == steps * cfg.tasks_per_step * cfg.rollout.group_size
+    groups = sorted({e["group_id"] for e in episodes})
+    assert len(groups) == steps * cfg.tasks_per_step, "every group of every batch, once"

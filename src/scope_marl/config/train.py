@@ -233,7 +233,6 @@ class TrainConfig(Section):
             unsupported = [
                 what
                 for what, present in (
-                    ("executor: ray", self.executor == "ray"),
                     ("sampler", self.sampler is not None),
                     ("pool", self.pool is not None),
                     ("finetune: full", self.finetune == "full"),
@@ -242,7 +241,7 @@ class TrainConfig(Section):
             ]
             if unsupported:
                 raise ValueError(
-                    f"trainer.mode: async runs its generator as a local process with LoRA adapters; it does not yet work with "
+                    f"trainer.mode: async plays ahead on a generator process or Ray workers with LoRA adapters; it does not yet work with "
                     f"{', '.join(unsupported)}: use trainer.mode: sync for those"
                 )
         if self.sampler is not None and self.finetune == "full":

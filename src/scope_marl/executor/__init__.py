@@ -23,17 +23,19 @@ def open_executor(
     optionally ``sampler``); ``factory`` builds an engine (what each Ray worker runs; here when no
     ``engine`` is given, or None for a jobs-only executor); ``ranks``: this process is one of several
     data-parallel ranks; ``sampler_folder``: where adapters for a sampler server are written. A training
-    config with ``trainer.mode: async`` gets a generator process that plays ahead of the learner."""
+    config with ``trainer.mode: async`` gets a generator process that plays ahead of the learner, or Ray
+    workers that do (``executor: ray``)."""
     trainer = getattr(cfg, "trainer", None)
-    if trainer is not None and trainer.mode == "async":
-        from scope_marl.executor.generator import GeneratorExecutor
-
-        return GeneratorExecutor(factory, threads=trainer.generator_threads)
+    asynchronous = trainer is not None and trainer.mode == "async"
     if cfg.executor == "ray":
         from scope_marl.executor.ray_workers import RayExecutor
 
         r = cfg.ray
-        return RayExecutor(factory, workers=r.workers, address=r.address, threads=r.threads, num_cpus=r.num_cpus)
+        return RayExecutor(factory, workers=r.workers, address=r.address, threads=r.threads, num_cpus=r.num_cpus, asynchronous=asynchronous)
+    if asynchronous:
+        from scope_marl.executor.generator import GeneratorExecutor
+
+        return GeneratorExecutor(factory, threads=trainer.generator_threads)
     if engine is None and factory is not None:
         engine = factory()
     if getattr(cfg, "sampler", None) is not None:

@@ -13,6 +13,12 @@ Ray workers:
   play a version it does not hold refuses (:class:`StaleWorker`) instead of sampling from old weights;
 - a worker that dies is replaced (its factory runs again, the newest adapters are loaded) and its
   block is played again with the same group numbers, so the step's batch is what it would have been;
+- asynchronous training (``trainer.mode: async``): :meth:`RayExecutor.submit` queues a batch's blocks on
+  the workers without waiting and :meth:`RayExecutor.collect` gathers the oldest; pushes do not wait
+  either. An actor runs its calls in the order they were made, so a block plays with the adapters
+  pushed before it was submitted: the trainer submits batch ``t`` after pushing version ``t - k`` or
+  newer, which is the admission control of docs/async.md. A block whose worker died is played again by
+  the replacement, which holds the newest adapters (never older than the block's minimum);
 - :meth:`RayExecutor.map` runs other picklable jobs on the same workers (an evaluation panel's
   (simulator, task block) plays), a job of a dead worker again on its replacement.
 
@@ -26,7 +32,10 @@ Ray is an optional extra (``pip install -e '.[ray]'``), imported only here and o
 from __future__ import annotations
 
 import os
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from scope_marl.core.types import Episode
@@ -76,6 +85,7 @@ class _Worker:
         torch.set_num_threads(threads)
         self.engine = factory() if factory is not None else None  # None: a worker for jobs only (scope eval)
         self.version = 0
+        self.idle_since = time.perf_counter()
 
     def load(self, adapters: dict[str, dict[str, Any]], version: int, simulator_id: str | None = None) -> int:
         if self.engine is not None:
@@ -85,18 +95,40 @@ class _Worker:
         self.version = version
         return version
 
-    def play(self, tasks: Sequence[Task], first_group: int, version: int) -> tuple[list[Episode], dict]:
-        if version != self.version:
+    def play(self, tasks: Sequence[Task], first_group: int, version: int, at_least: bool = False) -> tuple[list[Episode], dict]:
+        """Play a block with adapter ``version`` (``at_least``: that version or a newer one, asynchronous
+        training; the episodes then name the version that played them)."""
+        if version > self.version if at_least else version != self.version:
             raise StaleWorker(f"this worker holds adapter version {self.version}, asked to play version {version}")
         started_tokens = self.engine.stats.generated_tokens
+        started = time.perf_counter()
         episodes = self.engine.run(tasks, first_group)
-        return episodes, {"generated_tokens": self.engine.stats.generated_tokens - started_tokens}
+        if at_least:
+            for e in episodes:
+                e.metadata["behaviour_version"] = self.version
+        idle, self.idle_since = started - self.idle_since, time.perf_counter()
+        return episodes, {
+            "generated_tokens": self.engine.stats.generated_tokens - started_tokens,
+            "generate_s": self.idle_since - started,
+            "idle_s": idle,
+        }
 
     def call(self, job: Callable[[], T]) -> T:
         return job()
 
     def pid(self) -> int:
         return os.getpid()
+
+
+@dataclass
+class _Batch:
+    """A batch submitted to the workers and not yet collected (asynchronous training)."""
+
+    tasks: list[Task]
+    first_group: int
+    min_version: int
+    blocks: list[tuple[int, int]]  # per worker: its tasks [start, stop)
+    running: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # worker index -> (actor, result ref)
 
 
 class RayExecutor:
@@ -109,6 +141,7 @@ class RayExecutor:
         address: str | None = None,
         threads: int = 1,
         num_cpus: float = 1,
+        asynchronous: bool = False,
     ):
         ray, self._started_ray = connect(address)
         self._ray = ray
@@ -129,6 +162,10 @@ class RayExecutor:
         ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a factory cannot build
         self.restarts = 0
         self.generated_tokens = 0
+        # Asynchronous training: pushes are not waited for, and batches queue on the workers (submit / collect).
+        self.asynchronous = asynchronous
+        self._loads: list = []  # refs of pushes not yet checked
+        self._submitted: deque[_Batch] = deque()
 
     def _new_worker(self):
         worker = self._actor_class.remote(self._factory, self._threads)
@@ -155,7 +192,11 @@ class RayExecutor:
         """Send changed adapter tensors to every worker once (one object-store copy), tagged ``version``
         (and the simulator's new id, when a pool member was loaded into its adapter)."""
         ref = self._ray.put(adapters)
-        self._ray.get([w.load.remote(ref, version, simulator_id) for w in self.workers])
+        loads = [w.load.remote(ref, version, simulator_id) for w in self.workers]
+        if self.asynchronous:
+            self._loads += loads  # the workers load it before any block submitted after this; collect() checks them
+        else:
+            self._ray.get(loads)
         self._latest.update(adapters)
         self._simulator_id = simulator_id or self._simulator_id
         self.version = version
@@ -184,6 +225,58 @@ class RayExecutor:
             results[w] = episodes
             del pending[w]
         return [e for w in sorted(results) for e in results[w]]
+
+    def submit(self, tasks: Sequence[Task], first_group: int, min_version: int) -> None:
+        """Queue a batch (one group per task, numbered from ``first_group``) on the workers without waiting:
+        each block plays with the adapters pushed before this call (at least ``min_version``)."""
+        blocks = [(start, stop) for start, stop in split_blocks(len(tasks), len(self.workers)) if start < stop]
+        batch = _Batch(list(tasks), first_group, min_version, blocks)
+        for w, block in enumerate(blocks):
+            batch.running[w] = self._play_block(batch, w, block)
+        self._submitted.append(batch)
+
+    def _play_block(self, batch: _Batch, w: int, block: tuple[int, int]) -> tuple[Any, Any]:
+        worker, (start, stop) = self.workers[w], block
+        return worker, worker.play.remote(batch.tasks[start:stop], batch.first_group + start, batch.min_version, True)
+
+    def collect(self) -> tuple[list[Episode], dict[str, Any]]:
+        """The oldest submitted batch's episodes, in task order (waiting for them), with its timings: the
+        workers' generating seconds and their idle seconds before it, summed over workers."""
+        ray = self._ray
+        self._check_loads()
+        batch = self._submitted.popleft()
+        results: dict[int, list[Episode]] = {}
+        info = {"generate_s": 0.0, "idle_s": 0.0}
+        while batch.running:
+            w, (worker, ref) = next(iter(batch.running.items()))
+            try:
+                episodes, stats = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                # The worker died. Its later blocks fail too: the first failure replaces it, the rest replay on the replacement.
+                if self.workers[w] is worker:
+                    self.restarts += 1
+                    self.workers[w] = self._new_worker()
+                batch.running[w] = self._play_block(batch, w, batch.blocks[w])
+                continue
+            except ray.exceptions.RayTaskError as err:
+                raise raised_cause(ray, err) from None
+            self.generated_tokens += stats["generated_tokens"]
+            info["generate_s"] += stats["generate_s"]
+            info["idle_s"] += stats["idle_s"]
+            results[w] = episodes
+            del batch.running[w]
+        return [e for w in sorted(results) for e in results[w]], info
+
+    def _check_loads(self) -> None:
+        """Raise a push's own error (a dead worker's is handled where its block is collected)."""
+        ray, loads, self._loads = self._ray, self._loads, []
+        for ref in loads:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass
+            except ray.exceptions.RayTaskError as err:
+                raise raised_cause(ray, err) from None
 
     def map(self, jobs: Sequence[Callable[[], T]]) -> list[T]:
         """Run picklable zero-argument jobs (an evaluation panel's (simulator, task block) plays) on the
