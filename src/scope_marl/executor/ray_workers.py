@@ -17,8 +17,9 @@ Ray workers:
   the workers without waiting and :meth:`RayExecutor.collect` gathers the oldest; pushes do not wait
   either. An actor runs its calls in the order they were made, so a block plays with the adapters
   pushed before it was submitted: the trainer submits batch ``t`` after pushing version ``t - k`` or
-  newer, which is the admission control of docs/async.md. A block whose worker died is played again by
-  the replacement, which holds the newest adapters (never older than the block's minimum);
+  newer, which is the admission control of docs/async.md. The blocks of a worker that died (of the batch
+  being collected and of those queued after it) are played again by its replacement, which holds the
+  newest adapters (never older than a block's minimum);
 - :meth:`RayExecutor.map` runs other picklable jobs on the same workers (an evaluation panel's
   (simulator, task block) plays), a job of a dead worker again on its replacement.
 
@@ -252,11 +253,13 @@ class RayExecutor:
             try:
                 episodes, stats = ray.get(ref)
             except ray.exceptions.RayActorError:
-                # The worker died. Its later blocks fail too: the first failure replaces it, the rest replay on the replacement.
-                if self.workers[w] is worker:
-                    self.restarts += 1
-                    self.workers[w] = self._new_worker()
-                batch.running[w] = self._play_block(batch, w, batch.blocks[w])
+                # The worker died: a replacement plays its block of this batch again, and at once its blocks of the
+                # later batches queued on the dead actor (so they overlap the learner's next updates as before).
+                self.restarts += 1
+                self.workers[w] = self._new_worker()
+                for queued in (batch, *self._submitted):
+                    if queued.running.get(w, (None,))[0] is worker:
+                        queued.running[w] = self._play_block(queued, w, queued.blocks[w])
                 continue
             except ray.exceptions.RayTaskError as err:
                 raise raised_cause(ray, err) from None
