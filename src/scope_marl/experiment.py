@@ -163,7 +163,7 @@ class _LearnerActor:
         return self.trainer.step, self.trainer.cfg.steps, warnings
 
     def train_step(self) -> dict:
-        return self.trainer.train_step()
+        return self.trainer.next_step()  # sync or async, as the config says
 
     def close(self) -> None:
         self.trainer.close()

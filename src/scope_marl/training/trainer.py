@@ -163,6 +163,10 @@ class Trainer:
         return out
 
     # ---- one step ----------------------------------------------------------------------------
+    def next_step(self) -> dict:
+        """The next step in the config's mode: :meth:`async_step` (``trainer.mode: async``) or :meth:`train_step`."""
+        return self.async_step() if self.cfg.trainer.mode == "async" else self.train_step()
+
     def train_step(self) -> dict:
         """One synchronous step: play a batch with the current weights, then update on it."""
         self.threads.adjust()
@@ -290,7 +294,7 @@ class Trainer:
         try:
             with tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=not (progress and self.lead)) as bar:
                 while self.step < self.cfg.steps:
-                    record = self.async_step() if self.cfg.trainer.mode == "async" else self.train_step()
+                    record = self.next_step()
                     records.append(record)
                     if on_step is not None:
                         on_step(record)
