@@ -450,15 +450,22 @@ def test_async_training_on_ray_replaces_a_worker_killed_with_a_batch_in_flight(t
 
 def test_scope_train_on_ray_in_async_mode_plays_ahead(tiny_model_dir, tmp_path, one_thread):
     """`scope train` with executor: ray runs the trainer as a learner actor; with trainer.mode: async that
-    actor takes async steps (it once took sync steps whatever the mode)."""
+    actor takes async steps (it once took sync steps whatever the mode), and when it ends the run's
+    figures go to W&B as a local run's do (they once never did)."""
     from typer.testing import CliRunner
 
     from scope_marl.cli import app
 
-    cfg = async_ray_config(tiny_model_dir, 1, steps=3, ray={"workers": 1})
+    pytest.importorskip("wandb", reason="the wandb extra is not installed; `make setup` installs it")
+    from tests.test_trackers import offline_runs
+
+    # W&B without a key logs offline; the figures once the last step is trained reach it from the actor too.
+    cfg = async_ray_config(tiny_model_dir, 1, steps=3, ray={"workers": 1}, logging={"trackers": ["wandb"], "wandb": {"mode": "offline"}})
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
     result = CliRunner().invoke(app, ["train", str(tmp_path / "train.yaml"), "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["async"]["in_flight"] for r in records] == [1, 1, 0]
     assert [r["train_agent"]["staleness_mean"] for r in records] == [0.0, 1.0, 1.0]
+    ((_, rows, _),) = offline_runs(tmp_path / "run")
+    assert any(row.get("figures/collapse/_type") == "image-file" for row in rows), "the figures reached W&B"

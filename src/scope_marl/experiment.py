@@ -165,6 +165,9 @@ class _LearnerActor:
     def train_step(self) -> dict:
         return self.trainer.next_step()  # sync or async, as the config says
 
+    def finish(self) -> None:
+        self.trainer.finish()
+
     def close(self) -> None:
         self.trainer.close()
 
@@ -196,6 +199,7 @@ def _train_on_ray(
                     bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
         except ray.exceptions.RayTaskError as err:
             raise raised_cause(ray, err) from None
+        ray.get(actor.finish.remote())  # the run's figures to the trackers, as a local run ends
         ray.get(actor.close.remote())
         return records
     finally:

@@ -300,11 +300,15 @@ class Trainer:
                         on_step(record)
                     bar.update(1)
                     bar.set_postfix(reward=f"{record.get('reward_agent', {}).get('mean', float('nan')):.3f}")
-            if self.figures is not None:
-                self.trackers.log_figures(self.step, functools.partial(self.figures, self.run_dir))
+            self.finish()
         finally:
             self.close()
         return records
+
+    def finish(self) -> None:
+        """After the last step: the run's figures to the trackers that take them (W&B)."""
+        if self.figures is not None:
+            self.trackers.log_figures(self.step, functools.partial(self.figures, self.run_dir))
 
     def close(self) -> None:
         """Stop the executor's workers (if any) and release the run directory (another process may then resume it)."""
