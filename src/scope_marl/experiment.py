@@ -162,7 +162,7 @@ class _LearnerActor:
         self.trainer = start(cfg, run_dir) if cfg is not None else resume(run_dir, warnings.append)
         return self.trainer.step, self.trainer.cfg.steps, warnings
 
-    def train_step(self) -> dict:
+    def next_step(self) -> dict:
         return self.trainer.next_step()  # sync or async, as the config says
 
     def finish(self) -> None:
@@ -191,7 +191,7 @@ def _train_on_ray(
                 log(message)
             with tqdm(total=steps, initial=step, desc="train", unit="step", disable=not progress) as bar:
                 for _ in range(step, steps):
-                    record = ray.get(actor.train_step.remote())
+                    record = ray.get(actor.next_step.remote())
                     records.append(record)
                     if on_step is not None:
                         on_step(record)
