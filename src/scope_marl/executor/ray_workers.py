@@ -123,11 +123,12 @@ class _Worker:
 
 @dataclass
 class _Batch:
-    """A batch submitted to the workers and not yet collected (asynchronous training)."""
+    """A batch queued on the workers and not yet collected."""
 
     tasks: list[Task]
     first_group: int
-    min_version: int
+    version: int  # the adapter version its blocks play with: exactly (a sync play) or at least (async)
+    exact: bool
     blocks: list[tuple[int, int]]  # per worker: its tasks [start, stop)
     running: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # worker index -> (actor, result ref)
 
@@ -163,10 +164,10 @@ class RayExecutor:
         ray.get([w.pid.remote() for w in self.workers])  # fail here, not mid-step, if a factory cannot build
         self.restarts = 0
         self.generated_tokens = 0
-        # Asynchronous training: pushes are not waited for, and batches queue on the workers (submit / collect).
+        # Asynchronous training: pushes are not waited for, and batches queue on the workers (submit / collect; play is both).
         self.asynchronous = asynchronous
         self._loads: list = []  # refs of pushes not yet checked
-        self._submitted: deque[_Batch] = deque()
+        self._queued: deque[_Batch] = deque()
 
     def _new_worker(self):
         worker = self._actor_class.remote(self._factory, self._threads)
@@ -204,48 +205,33 @@ class RayExecutor:
 
     def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
         """Play ``tasks`` (one group each, numbered from ``first_group``) across the workers, in task order."""
-        blocks = split_blocks(len(tasks), len(self.workers))
-        pending = {}
-        for w, (start, stop) in enumerate(blocks):
-            if start < stop:
-                pending[w] = self.workers[w].play.remote(list(tasks[start:stop]), first_group + start, self.version)
-        results: dict[int, list[Episode]] = {}
-        while pending:
-            w, ref = next(iter(pending.items()))
-            try:
-                episodes, stats = self._ray.get(ref)
-            except self._ray.exceptions.RayActorError:  # the worker died: replace it, replay its block with the same numbers
-                self.restarts += 1
-                self.workers[w] = self._new_worker()
-                start, stop = blocks[w]
-                pending[w] = self.workers[w].play.remote(list(tasks[start:stop]), first_group + start, self.version)
-                continue
-            except self._ray.exceptions.RayTaskError as err:
-                raise raised_cause(self._ray, err) from None
-            self.generated_tokens += stats["generated_tokens"]
-            results[w] = episodes
-            del pending[w]
-        return [e for w in sorted(results) for e in results[w]]
+        self._queue(tasks, first_group, self.version, exact=True)
+        return self.collect()[0]
 
     def submit(self, tasks: Sequence[Task], first_group: int, min_version: int) -> None:
         """Queue a batch (one group per task, numbered from ``first_group``) on the workers without waiting:
         each block plays with the adapters pushed before this call (at least ``min_version``)."""
+        self._queue(tasks, first_group, min_version, exact=False)
+
+    def _queue(self, tasks: Sequence[Task], first_group: int, version: int, exact: bool) -> None:
+        """One block per worker (a group never spans workers), each keeping its groups' numbers."""
         blocks = [(start, stop) for start, stop in split_blocks(len(tasks), len(self.workers)) if start < stop]
-        batch = _Batch(list(tasks), first_group, min_version, blocks)
+        batch = _Batch(list(tasks), first_group, version, exact, blocks)
         for w, block in enumerate(blocks):
             batch.running[w] = self._play_block(batch, w, block)
-        self._submitted.append(batch)
+        self._queued.append(batch)
 
     def _play_block(self, batch: _Batch, w: int, block: tuple[int, int]) -> tuple[Any, Any]:
         worker, (start, stop) = self.workers[w], block
-        return worker, worker.play.remote(batch.tasks[start:stop], batch.first_group + start, batch.min_version, True)
+        return worker, worker.play.remote(batch.tasks[start:stop], batch.first_group + start, batch.version, not batch.exact)
 
     def collect(self) -> tuple[list[Episode], dict[str, Any]]:
-        """The oldest submitted batch's episodes, in task order (waiting for them), with its timings: the
-        workers' generating seconds and their idle seconds before it, summed over workers."""
+        """The oldest queued batch's episodes, in task order (waiting for them), with its timings: the
+        workers' generating seconds and their idle seconds before it, summed over workers. A block whose
+        worker died is played again, with the same group numbers, by a replacement holding the newest adapters."""
         ray = self._ray
         self._check_loads()
-        batch = self._submitted.popleft()
+        batch = self._queued.popleft()
         results: dict[int, list[Episode]] = {}
         info = {"generate_s": 0.0, "idle_s": 0.0}
         while batch.running:
@@ -257,7 +243,7 @@ class RayExecutor:
                 # later batches queued on the dead actor (so they overlap the learner's next updates as before).
                 self.restarts += 1
                 self.workers[w] = self._new_worker()
-                for queued in (batch, *self._submitted):
+                for queued in (batch, *self._queued):
                     if queued.running.get(w, (None,))[0] is worker:
                         queued.running[w] = self._play_block(queued, w, queued.blocks[w])
                 continue
