@@ -9,7 +9,9 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -190,3 +192,28 @@ def test_every_tracker_a_config_can_name_is_registered():
     from scope_marl.training.trackers import TRACKERS
 
     assert TRACKERS.names() == sorted(get_args(Tracker))
+
+
+@needs_wandb
+@pytest.mark.integration
+def test_a_step_counts_as_written_only_after_a_later_step_sent_its_row(tiny_model_dir, tmp_path, no_wandb_key, monkeypatch):
+    """``run.log(..., step=N)`` only gathers step N's row; W&B sends it when a later step is logged. A
+    step logged long ago whose row was sent a moment ago is not yet written (a kill then loses it)."""
+    from scope_marl.training import wandb_tracker
+
+    cfg = TrainConfig.model_validate(config(tiny_model_dir, steps=3, logging={"trackers": ["wandb"]}))
+    clock = iter([0.0, 10.0, 20.0])
+    monkeypatch.setattr(wandb_tracker, "time", SimpleNamespace(monotonic=lambda: next(clock)))  # the tracker's clock only
+    tracker = wandb_tracker.WandbTracker(cfg, tmp_path, say=lambda _: None)
+    try:
+        tracker.log_step({"step": 1, "x": 1.0})
+        tracker.log_step({"step": 2, "x": 2.0})  # 10 s after step 1, but step 1's row leaves only now
+        assert json.loads((tmp_path / run_layout.WANDB_RUN).read_text())["durable_step"] == 0
+        tracker.log_step({"step": 3, "x": 3.0})  # step 1's row left 10 s ago; step 2's leaves now
+        assert json.loads((tmp_path / run_layout.WANDB_RUN).read_text())["durable_step"] == 1
+        time.sleep(2 * wandb_tracker.FLUSH_S + 0.5)  # what counting it as written claims: it is in W&B's log now
+        ((_, rows, _),) = offline_runs(tmp_path)
+        assert [row["_step"] for row in rows if "x" in row] == [1, 2]
+    finally:
+        tracker.close()
+    assert json.loads((tmp_path / run_layout.WANDB_RUN).read_text())["durable_step"] == 3

@@ -8,11 +8,13 @@
   the last step is trained.
 - **Resume.** The W&B run id is kept in ``RUN_DIR/wandb-run.json``, so ``scope train --resume``
   continues the same W&B run. W&B writes its log every :data:`FLUSH_S` seconds, and a SIGKILL loses
-  what it had not written, so the file also keeps the last step surely written (logged more than two
-  flushes before a later one, or closed normally). A resumed run logs every step after that one: those
-  up to its checkpoint from ``metrics.jsonl``, the rest as they are played again (a sync resume plays
-  them number for number). Nothing is lost; a step logged in the killed run's last seconds may appear
-  twice (W&B cannot cut a run's history back: its "rewind" is a private preview).
+  what it had not written, so the file also keeps the last step surely written. A step's row leaves
+  for W&B only when a later step is logged (``run.log(..., step=N)`` gathers step N until then), so a
+  step counts as written once that happened more than two flushes before a later log, or once the run
+  closed normally. A resumed run logs every step after that one: those up to its checkpoint from
+  ``metrics.jsonl``, the rest as they are played again (a sync resume plays them number for number).
+  Nothing is lost; a step logged in the killed run's last seconds may appear twice (W&B cannot cut a
+  run's history back: its "rewind" is a private preview).
 """
 
 from __future__ import annotations
@@ -71,11 +73,12 @@ class WandbTracker:
                 else "wandb: logging online (API key found)"
             )
         self.run_dir = run_dir
-        # The last step surely in W&B's log (written more than 2 flushes before a later log): a resume
+        # The last step surely in W&B's log (its row sent more than 2 flushes before a later log): a resume
         # logs every step after it, from metrics.jsonl up to the checkpoint and then as they are played.
         self.durable = int(state.get("durable_step", 0))
         self.resumed = bool(state)
-        self.pending: list[tuple[int, float]] = []  # (step, when logged) not yet known to be written
+        self.sent_step: int | None = None  # the step whose row W&B is still gathering (sent with the next step's log)
+        self.pending: list[tuple[int, float]] = []  # (step, when its row was sent) not yet known to be written
         self.fresh_step: int | None = None  # the step this process logged last (samples go only with a logged step)
         self.run = wandb.init(
             project=settings.project,
@@ -111,9 +114,13 @@ class WandbTracker:
             self.fresh_step = step
 
     def _log(self, record: dict) -> None:
-        self.run.log(flatten({k: v for k, v in record.items() if k != "step"}), step=record["step"])
         now = time.monotonic()
-        self.pending.append((record["step"], now))
+        # ``run.log(..., step=N)`` only gathers step N's row; W&B sends it when a later step is logged
+        # (or at finish), so the previous step's row leaves now and its clock starts here.
+        if self.sent_step is not None:
+            self.pending.append((self.sent_step, now))
+        self.run.log(flatten({k: v for k, v in record.items() if k != "step"}), step=record["step"])
+        self.sent_step = record["step"]
         while self.pending and now - self.pending[0][1] >= 2 * FLUSH_S:
             self.durable = self.pending.pop(0)[0]
         self._save_state()
@@ -131,6 +138,6 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()  # writes everything
-        if self.pending:
-            self.durable = self.pending[-1][0]
+        if self.sent_step is not None:
+            self.durable = self.sent_step
             self._save_state()
