@@ -32,6 +32,14 @@ def same_learning(record: dict) -> dict:
     return out
 
 
+def assert_trained_alike(records: list[dict], reference: list[dict], roles=("train_agent",)) -> None:
+    """Step for step: each role's loss within 1e-6 and every other learning figure equal."""
+    for a, b in zip(records, reference, strict=True):
+        for role in roles:
+            assert a[role]["loss"] == pytest.approx(b[role]["loss"], abs=1e-6)
+        assert same_learning(a) == same_learning(b)
+
+
 @pytest.mark.integration
 def test_async_with_staleness_zero_trains_on_exactly_the_sync_batches(tiny_model_dir, tmp_path):
     sync = start(TrainConfig.model_validate(config(tiny_model_dir, steps=3, eval={"every": 0})), tmp_path / "sync").run(progress=False)
@@ -75,10 +83,60 @@ def test_no_batch_is_trained_beyond_k_versions_and_a_resume_trains_no_episode_tw
 def test_async_refuses_what_it_does_not_support_yet(tiny_model_dir):
     with pytest.raises(ValueError, match="finetune: full"):
         TrainConfig.model_validate(async_config(tiny_model_dir, 1, finetune="full"))
-    sim = {"mode": "trainable", "model": f"hf:{tiny_model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
-    with pytest.raises(ValueError, match="pool"):
-        TrainConfig.model_validate(async_config(tiny_model_dir, 1, simulator=sim, trainable_roles=["agent", "user"], pool={"every": 1}))
     assert TrainConfig.model_validate(async_config(tiny_model_dir, 1, executor="ray")).trainer.mode == "async"
+    assert TrainConfig.model_validate(async_config(tiny_model_dir, 1, **pool_run(tiny_model_dir))).pool is not None
+
+
+def pool_run(model_dir, **pool) -> dict:
+    """Population co-training on the tiny model: an entropy bonus moves the simulator (its rewards are constant)."""
+    sim = {"mode": "trainable", "model": f"hf:{model_dir}", "sampling": {"temperature": 1.0, "max_new_tokens": 6}}
+    return {
+        "simulator": sim,
+        "trainable_roles": ["agent", "user"],
+        "simulator_learner": {"lr": 0.01, "entropy_coef": 0.01},
+        "pool": {"every": 1, "max_size": 3, "selection": "random", **pool},
+        "eval": {"every": 0},
+    }
+
+
+@pytest.mark.integration
+def test_an_async_pool_run_with_staleness_zero_trains_as_the_sync_pool_run(tiny_model_dir, tmp_path):
+    """Each batch carries the member drawn for it and the simulator learner loads that member when it
+    trains on the batch: with k = 0 that is the synchronous population step (same members, episodes, losses)."""
+    pool = pool_run(tiny_model_dir, selection="latest")  # a new member each step
+    sync = start(TrainConfig.model_validate(config(tiny_model_dir, steps=4, **pool)), tmp_path / "sync")
+    sync_records = sync.run(progress=False)
+    played = start(TrainConfig.model_validate(async_config(tiny_model_dir, 0, steps=4, **pool)), tmp_path / "async")
+    records = played.run(progress=False)
+    assert [r["pool_member"] for r in records] == [r["pool_member"] for r in sync_records]
+    assert len({r["pool_member"] for r in records}) > 1, "more than one member played"
+    assert_trained_alike(records, sync_records, roles=("train_agent", "train_user"))
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("metadata", "timings")}
+    assert [strip(e) for e in episodes_of(tmp_path / "async")] == [strip(e) for e in episodes_of(tmp_path / "sync")]
+    hashes = lambda t: [m.content_hash for m in t.population.pool.members]
+    assert hashes(played) == hashes(sync)  # the simulator trained the same way, snapshot for snapshot
+
+
+@pytest.mark.integration
+def test_an_async_pool_run_plays_each_batch_with_its_member_even_one_evicted_meanwhile(tiny_model_dir, tmp_path):
+    """k = 2 with a pool of 2 snapshotted every step: members are evicted (deleted) while batches drawn
+    with them are still queued, and each batch still plays the member it was drawn with."""
+    cfg = TrainConfig.model_validate(async_config(tiny_model_dir, 2, steps=6, **pool_run(tiny_model_dir, max_size=2)))
+    trainer = start(cfg, tmp_path / "run")
+    records = trainer.run(progress=False)
+    batches = [
+        [json.loads(line) for line in path.read_text().splitlines()] for path in sorted((tmp_path / "run" / "rollouts").glob("*.jsonl"))
+    ]
+    for record, episodes in zip(records, batches, strict=True):
+        assert {e["simulator_id"] for e in episodes} == {f"trainable:{record['pool_member']}"}
+        assert record["train_user"]["staleness_mean"] == 0  # the learner starts from the member that played
+        assert 0 <= record["train_agent"]["staleness_mean"] <= 2
+    assert max(r["train_agent"]["staleness_mean"] for r in records) > 0, "batches were played ahead"
+    # Member m_j (snapshot of step j) is evicted by the snapshot of step j + 1; batch t trained with m_j, j <= t - 2, j > 0
+    # was drawn before that eviction and trained (its member loaded by the learner) after it.
+    snapshot_step = lambda member: int(member.rsplit("step", 1)[1])
+    evicted = [r["step"] for r in records if 0 < snapshot_step(r["pool_member"]) <= r["step"] - 2]
+    assert evicted, f"no batch outlived its member in the pool: {[r['pool_member'] for r in records]}"
 
 
 @pytest.mark.integration

@@ -392,7 +392,7 @@ def test_a_job_whose_worker_dies_runs_again_on_its_replacement(tmp_path):
 def async_ray_config(model_dir, k: int, **overrides) -> dict:
     from tests.test_trainer import config
 
-    return config(model_dir, executor="ray", trainer={"mode": "async", "max_staleness": k}, eval={"every": 0}, **overrides)
+    return config(model_dir, executor="ray", trainer={"mode": "async", "max_staleness": k}, **{"eval": {"every": 0}, **overrides})
 
 
 def test_async_training_on_ray_with_staleness_zero_is_the_sync_run(tiny_model_dir, tmp_path, one_thread):
@@ -409,6 +409,25 @@ def test_async_training_on_ray_with_staleness_zero_is_the_sync_run(tiny_model_di
     for a, b in zip(played, sync, strict=True):
         assert a["train_agent"]["loss"] == pytest.approx(b["train_agent"]["loss"], abs=1e-6)
         assert same_learning(a) == same_learning(b) and a["train_agent"]["staleness_mean"] == 0.0
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("metadata", "timings")}
+    assert [strip(e) for e in episodes_of(tmp_path / "ray")] == [strip(e) for e in episodes_of(tmp_path / "sync")]
+
+
+def test_async_population_training_on_ray_plays_each_batch_with_its_member_as_the_sync_run(tiny_model_dir, tmp_path, one_thread):
+    """Population co-training, async on a Ray worker, k = 0: the worker gets the member drawn for each
+    batch with the batch (not with a push), so the run is the synchronous pool run: the same members,
+    episodes and losses. (One worker: two would batch their decodes differently from the local run.)"""
+    from scope_marl.config import TrainConfig
+    from scope_marl.experiment import start
+    from tests.test_async_training import assert_trained_alike, episodes_of, pool_run
+    from tests.test_trainer import config
+
+    pool = pool_run(tiny_model_dir, selection="latest")
+    sync = start(TrainConfig.model_validate(config(tiny_model_dir, steps=3, **pool)), tmp_path / "sync").run(progress=False)
+    trainer = start(TrainConfig.model_validate(async_ray_config(tiny_model_dir, 0, steps=3, ray={"workers": 1}, **pool)), tmp_path / "ray")
+    played = trainer.run(progress=False)
+    assert [r["pool_member"] for r in played] == [r["pool_member"] for r in sync] and len({r["pool_member"] for r in played}) == 3
+    assert_trained_alike(played, sync, roles=("train_agent", "train_user"))
     strip = lambda e: {k: v for k, v in e.items() if k not in ("metadata", "timings")}
     assert [strip(e) for e in episodes_of(tmp_path / "ray")] == [strip(e) for e in episodes_of(tmp_path / "sync")]
 

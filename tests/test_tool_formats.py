@@ -240,5 +240,5 @@ def test_the_vllm_backend_renders_tools_with_the_same_template_and_sends_those_t
     assert resolve_tool_format("auto", client).name == "llama3_json"
     view = [Message(role="system", content="You are the agent."), Message(role="user", content="balance?")]
     ids = client.encode_text(client.render_chat(view, tools=[BALANCE]))
-    body = client.request(ids, None, 0, SamplingParams(max_new_tokens=4), 100_000)  # what the server receives
+    body = client.request(ids, client.served_name(None), 0, SamplingParams(max_new_tokens=4), 100_000)  # what the server receives
     assert body["prompt"] == ids and '"get_balance"' in client.decode(body["prompt"]) and "Environment: ipython" in client.decode(ids)

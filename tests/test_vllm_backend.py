@@ -86,7 +86,7 @@ def test_requests_are_what_the_real_server_took_and_replies_are_read_token_exact
     texts = ["Say hi in three words.", "Would you donate $1 to Save the Children?"]
     prompts = [client.encode_chat([Message(role="user", content=t)]) for t in texts]
     for e, prompt, seed in zip(recorded_completions(), prompts, (3, 4)):
-        assert client.request(prompt, None, seed, SAMPLING, 2048) == e["request"]  # the same chat template and flags
+        assert client.request(prompt, client.served_name(None), seed, SAMPLING, 2048) == e["request"]  # the same chat template and flags
     outs = client.generate_ids(prompts, SAMPLING, seeds=[3, 4])
     for out, e in zip(outs, recorded_completions()):
         choice = e["response"]["choices"][0]
@@ -211,18 +211,18 @@ def vllm_url(tmp_path_factory):
         process.wait(60)
 
 
-@pytest.mark.vllm
-def test_real_server_p4g_rollout_and_a_co_training_step_with_adapters_pushed(vllm_url, tmp_path):
+def real_server_config(vllm_url: str, **overrides):
+    """P4G co-training on the embedded model with every seat on the real server."""
     from scope_marl.config import TrainConfig
-    from scope_marl.experiment import start
 
-    cfg = TrainConfig.model_validate(
+    sampling = {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 24}
+    return TrainConfig.model_validate(
         {
             "model": "embedded",
             "sampler": f"vllm:embedded@{vllm_url}",
             "env": {"name": "p4g", "max_exchanges": 2, "word_limit": 20},
-            "agent_sampling": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 24},
-            "simulator": {"mode": "trainable", "sampling": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 24}},
+            "agent_sampling": sampling,
+            "simulator": {"mode": "trainable", "sampling": sampling},
             "trainable_roles": ["agent", "user"],
             "learner": {"lr": 1e-3, "old_logprobs": "learner", "kl_coef": 0.0},
             "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
@@ -231,9 +231,16 @@ def test_real_server_p4g_rollout_and_a_co_training_step_with_adapters_pushed(vll
             "steps": 2,
             "checkpoint_every": 2,
             "threads": 2,
+            **overrides,
         }
     )
-    trainer = start(cfg, tmp_path / "run")
+
+
+@pytest.mark.vllm
+def test_real_server_p4g_rollout_and_a_co_training_step_with_adapters_pushed(vllm_url, tmp_path):
+    from scope_marl.experiment import start
+
+    trainer = start(real_server_config(vllm_url), tmp_path / "run")
     sampler = trainer.engine.agent.model
     assert isinstance(sampler, VLLMChatModel)
     records = trainer.run(progress=False)
@@ -241,10 +248,47 @@ def test_real_server_p4g_rollout_and_a_co_training_step_with_adapters_pushed(vll
         for role in ("train_agent", "train_user"):
             assert record[role]["logprob_gap"] < 1e-3 and record[role]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     served = [m["id"] for m in httpx.get(f"{vllm_url}/v1/models").json()["data"]]
-    assert sorted(n for n in served if n != "embedded") == sorted(sampler._served.values())  # stale versions unloaded
+    assert sorted(n for n in served if f"-{sampler._tag}-" in n) == sorted(sampler._served.values())  # stale versions unloaded
     assert all(v.endswith("-v1") for v in sampler._served.values())  # pushed after step 1's update
     versions = sorted(p.name for p in (tmp_path / "run" / "sampler-adapters").iterdir())
     assert versions == ["agent-v1", "simulator-v1"]
+
+
+@pytest.mark.vllm
+def test_real_server_async_population_co_training_plays_ahead_with_pinned_versions_and_members(vllm_url, tmp_path):
+    """trainer.mode: async with the sampler and a pool: the play thread runs a batch ahead on the real
+    server, no batch is trained more than k versions late, each batch's simulator turns are sampled by
+    the member the simulator learner then starts from (the server's and the learner's log-probs agree),
+    and only the newest agent version stays loaded."""
+    from scope_marl.experiment import start
+
+    cfg = real_server_config(
+        vllm_url,
+        learner={"lr": 1e-3, "old_logprobs": "learner", "kl_coef": 0.0, "correction": "tis"},
+        trainer={"mode": "async", "max_staleness": 1},
+        pool={"every": 1, "max_size": 3},
+        steps=3,
+        checkpoint_every=3,
+    )
+    trainer = start(cfg, tmp_path / "run")
+    sampler = trainer.engine.agent.model
+    assert "play thread" in trainer.executor.describe()
+    records = trainer.run(progress=False)
+    lags = [r["train_agent"]["staleness_mean"] for r in records]
+    assert all(0 <= lag <= 1 for lag in lags) and max(lags) > 0, lags  # played ahead, never beyond k
+    assert all(r["train_agent"]["logprob_gap"] < 1e-3 for r in records if r["train_agent"]["staleness_mean"] == 0)
+    assert all(r["train_user"]["staleness_mean"] == 0 and r["train_user"]["logprob_gap"] < 1e-3 for r in records)
+    assert [r["async"]["in_flight"] for r in records] == [1, 1, 0]
+    rollouts = [
+        json.loads(line) for path in sorted((tmp_path / "run" / "rollouts").glob("*.jsonl")) for line in path.read_text().splitlines()
+    ]
+    assert len({e["episode_id"] for e in rollouts}) == len(rollouts) == 3 * 2 * 2
+    by_step = [{e["simulator_id"] for e in rollouts[i * 4 : (i + 1) * 4]} for i in range(3)]
+    assert by_step == [{f"trainable:{r['pool_member']}"} for r in records]
+    served = [m["id"] for m in httpx.get(f"{vllm_url}/v1/models").json()["data"]]
+    ours = sorted(n for n in served if f"-{sampler._tag}-" in n)  # (the module's server also holds the other test's)
+    assert ours == sorted(sampler._served.values()) and sampler.served_name("agent").endswith("-v3")  # members and old versions unloaded
+    assert sorted(p.name for p in (tmp_path / "run" / "sampler-adapters").iterdir()) == ["agent-v3", "simulator-v0"]
 
 
 def test_a_bench_server_is_a_given_url_or_a_clear_error_without_vllm(tmp_path):
@@ -334,3 +378,136 @@ def test_a_rollout_keeps_each_turn_in_flight_on_its_own_so_no_episode_waits_for_
     failed = [e for e in episodes if e.status == EpisodeStatus.FAILED]
     assert len(failed) == 1 and "the server refused this one" in failed[0].error
     assert sum(e.status == EpisodeStatus.COMPLETED for e in episodes) == 3
+
+
+def stand_in_sampler(tokenizer, log: list, seen=None, release=None) -> VLLMChatModel:
+    """A client of a stand-in for the server (not vLLM): every completion gets the same short reply; it
+    records each request's served model and each load / unload in ``log``, and, given events, sets
+    ``seen`` at the first completion and holds every completion until ``release`` is set."""
+    import threading
+
+    reply = tokenizer.encode("I would say hello.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    answer = {"choices": [{"token_ids": reply, "logprobs": {"token_logprobs": [-0.5] * len(reply)}, "finish_reason": "stop"}]}
+    lock = threading.Lock()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=RECORD["exchanges"][0]["response"])
+        body = json.loads(request.content)
+        if request.url.path == "/v1/completions":
+            with lock:
+                log.append(("complete", body["model"]))
+            if seen is not None:
+                seen.set()
+                release.wait(30)
+            return httpx.Response(200, json=answer)
+        with lock:
+            log.append((request.url.path.split("/")[-1].split("_")[0], body["lora_name"]))  # load / unload
+        return httpx.Response(200, text="ok")
+
+    return VLLMChatModel("embedded", URL, tokenizer, DEFAULT_SYSTEM_PROMPT, transport=httpx.MockTransport(handler))
+
+
+def sampler_engine(model, simulator_adapter: str | None = None):
+    from scope_marl.backends.seat import Seat
+    from scope_marl.config import RolloutConfig
+    from scope_marl.envs import SayTheWord
+    from scope_marl.rollout import RolloutEngine
+    from scope_marl.simulators import FrozenSimulator
+
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=16)
+    env = SayTheWord(num_tasks=3, max_exchanges=2)
+    config = RolloutConfig(group_size=2, max_concurrent=6, seed=0, on_turn_limit="continue", progress=False)
+    simulator = FrozenSimulator(model, sampling, adapter=simulator_adapter)
+    return RolloutEngine(env, Seat(model=model, sampling=sampling, adapter="agent"), simulator, config)
+
+
+def test_an_async_sampler_plays_each_batch_with_the_versions_it_started_with(tiny_chat, tokenizer, tmp_path):
+    """``trainer.mode: async`` with a sampler: the play thread pins a batch to the adapter versions it
+    started with while newer ones are pushed; a replaced version stays loaded (and on disk) until its
+    batch ends; a batch waits for its minimum version. The server is a stand-in that holds batch 0's
+    requests until released; the executor, engine, adapters saved with peft and folders are real."""
+    import threading
+    import time
+
+    from peft import LoraConfig
+
+    from scope_marl.executor.sampler import SamplerExecutor
+
+    log, seen, release = [], threading.Event(), threading.Event()
+    model = stand_in_sampler(tokenizer, log, seen, release)
+    engine = sampler_engine(model)
+    tiny_chat.add_adapter("agent", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    folder = tmp_path / "sampler-adapters"
+    executor = SamplerExecutor(engine, folder, asynchronous=True)
+    tasks = engine.env.tasks("train")
+    try:
+        executor.push(tiny_chat, ["agent"], 0)
+        v0 = model.served_name("agent")
+        executor.submit(tasks, 0, min_version=0)
+        executor.submit(tasks, 3, min_version=1)
+        assert seen.wait(30)
+        executor.push(tiny_chat, ["agent"], 1)  # while batch 0 plays with v0
+        v1 = model.served_name("agent")
+        assert ("unload", v0) not in log and (folder / "agent-v0").is_dir()  # batch 0 still holds it
+        release.set()
+        first, played = executor.collect()
+        second, played_next = executor.collect()
+        assert played["version"] == 0 and played_next["version"] == 1
+        assert {e.metadata["behaviour_version"] for e in first} == {0} and {e.metadata["behaviour_version"] for e in second} == {1}
+        assert len({e.group_id for e in first + second}) == 6  # each batch under its own group numbers
+        agent_turns = lambda episodes: sum(m.role == "agent" for e in episodes for m in e.messages)
+        served = [name for event, name in log if event == "complete" and name != "embedded"]
+        assert served == [v0] * agent_turns(first) + [v1] * agent_turns(second)  # every turn of a batch on its version
+        assert log.index(("unload", v0)) > max(i for i, (event, name) in enumerate(log) if name == v0 and event == "complete")
+        assert sorted(p.name for p in folder.iterdir()) == ["agent-v1"]
+        # Admission: a batch that needs version 2 does not start before it is pushed.
+        executor.submit(tasks, 6, min_version=2)
+        time.sleep(0.5)
+        before = len(log)
+        assert not [e for e in log if e[0] == "complete" and e[1] not in (v0, v1, "embedded")] and executor.version == 1
+        executor.push(tiny_chat, ["agent"], 2)
+        _, played = executor.collect()
+        assert played["version"] == 2 and len(log) > before and ("unload", v1) in log
+    finally:
+        executor.close()
+        model.close()
+
+
+def test_an_async_sampler_plays_a_batch_with_the_pool_member_it_was_submitted_with(tiny_chat, tokenizer, tmp_path):
+    """Population co-training, async, on a sampler: the member sent with a batch is copied at
+    submission (the pool may evict it before the batch plays), loaded on the (stand-in) server for that
+    batch only, plays every simulator turn of it and names its episodes; then it is unloaded and its copy deleted."""
+    from peft import LoraConfig
+
+    from scope_marl.executor.base import Replayed
+    from scope_marl.executor.sampler import SamplerExecutor
+
+    log = []
+    model = stand_in_sampler(tokenizer, log)
+    engine = sampler_engine(model, simulator_adapter="simulator")
+    for name in ("agent", "simulator"):
+        tiny_chat.add_adapter(name, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    tiny_chat.model.save_pretrained(tmp_path / "member", selected_adapters=["simulator"])
+    member_dir = tmp_path / "member" / "simulator"
+    replayed = Replayed.read("simulator", "m0003-step3", "trainable:m0003-step3", member_dir)
+    folder = tmp_path / "sampler-adapters"
+    executor = SamplerExecutor(engine, folder, asynchronous=True)
+    tasks = engine.env.tasks("train")
+    try:
+        executor.push(tiny_chat, ["agent", "simulator"], 0)
+        live = model.served_name("simulator")
+        executor.submit(tasks, 0, min_version=0, replayed=replayed)
+        (copy,) = folder.glob("pool-*")
+        for f in member_dir.iterdir():
+            f.unlink()  # evicted from the pool: the batch plays its copy
+        episodes, _ = executor.collect()
+        assert {e.simulator_id for e in episodes} == {"trainable:m0003-step3"} and engine.simulator.simulator_id != "trainable:m0003-step3"
+        loaded = [name for event, name in log if event == "load" and name.startswith(copy.name)]
+        user_turns = sum(m.role == "user" for e in episodes for m in e.messages)
+        assert [name for event, name in log if event == "complete" and name in loaded] == loaded * user_turns
+        assert live not in [name for event, name in log if event == "complete"]  # the live simulator never played
+        assert ("unload", loaded[0]) in log and not copy.exists() and copy.name not in model.adapters
+    finally:
+        executor.close()
+        model.close()

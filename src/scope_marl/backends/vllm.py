@@ -13,7 +13,10 @@ its own server (``scope serve vllm``) and this client talks to its OpenAI-compat
 - ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (the server runs with
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): an adapter ``agent`` updated at step 7 is served as
   ``agent-TAG-v7`` (TAG: random per client, so two runs can share a server); once it is loaded, the
-  previous version is unloaded. Pool members are adapters too.
+  previous version is unloaded, or, for a caller still playing with it (asynchronous rollouts), kept
+  until that caller unloads it. A thread can pin adapter names to versions (:meth:`VLLMChatModel.pinned`)
+  so that a batch plays with the versions it started with while newer ones are loaded. Pool members
+  are adapters too.
 
 Log-probs against our definition (temperature-scaled full distribution, before top-p): vLLM's default
 ``--logprobs-mode raw_logprobs`` is the log-softmax of the raw logits (no temperature), and
@@ -28,8 +31,10 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Hashable, Iterable, Sequence
+import threading
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -79,6 +84,7 @@ class VLLMChatModel(ChatTokens):
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers, transport=transport)
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="vllm")
         self._served: dict[str, str] = {}  # our adapter name -> the versioned name the server holds
+        self._pins = threading.local()  # per thread: adapter name -> the served version it plays with
         self._tag = secrets.token_hex(3)  # two clients (two runs) on one server never collide on a name
         self._context_length: int | None = None
 
@@ -118,11 +124,27 @@ class VLLMChatModel(ChatTokens):
         return list(self._served)
 
     def served_name(self, adapter: str | None) -> str:
-        return self.served_model if adapter is None else self._served[adapter]
+        """The name the server knows ``adapter`` by: the version this thread pinned, else the newest."""
+        if adapter is None:
+            return self.served_model
+        pinned = getattr(self._pins, "names", None)
+        return pinned[adapter] if pinned and adapter in pinned else self._served[adapter]
 
-    def load_adapter(self, name: str, path: str | os.PathLike, version: int) -> str:
+    @contextmanager
+    def pinned(self, names: Mapping[str, str]) -> Iterator[None]:
+        """Requests sent from this thread use the served versions ``names`` (adapter -> served name)
+        instead of the newest, so a batch keeps the weights it started with while others are loaded."""
+        self._pins.names = dict(names)
+        try:
+            yield
+        finally:
+            self._pins.names = None
+
+    def load_adapter(self, name: str, path: str | os.PathLike, version: int, unload_previous: bool = True) -> str:
         """Serve the saved adapter at ``path`` (peft layout, readable by the server) as version ``version``
-        of ``name``; the previous version is unloaded once the new one is in. Returns the served name."""
+        of ``name``; the previous version is unloaded once the new one is in, unless ``unload_previous``
+        is False (then the caller unloads it with :meth:`unload` when nothing plays with it any more).
+        Returns the served name."""
         if not (Path(path) / "adapter_config.json").is_file():
             raise BackendError(f"{path} is not a saved adapter directory (no adapter_config.json)")
         served = f"{name}-{self._tag}-v{version}"
@@ -130,9 +152,13 @@ class VLLMChatModel(ChatTokens):
             return served
         self._post("/v1/load_lora_adapter", {"lora_name": served, "lora_path": str(Path(path).resolve())})
         stale, self._served[name] = self._served.get(name), served
-        if stale is not None:
-            self._post("/v1/unload_lora_adapter", {"lora_name": stale})
+        if stale is not None and unload_previous:
+            self.unload(stale)
         return served
+
+    def unload(self, served: str) -> None:
+        """Unload one served version (a name :meth:`load_adapter` returned) from the server."""
+        self._post("/v1/unload_lora_adapter", {"lora_name": served})
 
     def add_adapter(self, name: str, source) -> None:
         """A saved adapter directory (a pool member, a checkpoint's adapter) under ``name``, version 0."""
@@ -146,7 +172,7 @@ class VLLMChatModel(ChatTokens):
         """Unload every version of ``name`` from the server."""
         served = self._served.pop(name, None)
         if served is not None:
-            self._post("/v1/unload_lora_adapter", {"lora_name": served})
+            self.unload(served)
 
     # ---- generation ------------------------------------------------------------------------------
     def generate_ids(
@@ -161,7 +187,10 @@ class VLLMChatModel(ChatTokens):
         # make equal prompts sample equal replies).
         if seeds is None and sampling.seed is not None:
             seeds = [derive_seed(sampling.seed, i) for i in range(n)]
-        rows = [(list(p), a, seeds[i] if seeds is not None else None) for i, (p, a) in enumerate(zip(prompt_ids, adapters))]
+        # Served names are read here, in the caller's thread, where its pins hold (not in the pool's threads).
+        rows = [
+            (list(p), self.served_name(a), seeds[i] if seeds is not None else None) for i, (p, a) in enumerate(zip(prompt_ids, adapters))
+        ]
         return list(self._pool.map(lambda row: self._one(*row, sampling, self.context_length), rows))
 
     def open_session(self, sampling: SamplingParams) -> RemoteSession:
@@ -175,7 +204,7 @@ class VLLMChatModel(ChatTokens):
             if seed is None and sampling.seed is not None:  # as generate_ids: each prompt its own stream
                 seed = derive_seed(sampling.seed, sent)
             sent += 1
-            return self._pool.submit(self._one, prompt, adapter, seed, sampling, self.context_length)
+            return self._pool.submit(self._one, prompt, self.served_name(adapter), seed, sampling, self.context_length)
 
         return RemoteSession(send)
 
@@ -190,10 +219,11 @@ class VLLMChatModel(ChatTokens):
             raise BackendError("empty prompt: every prompt needs at least one token")
         return adapters
 
-    def request(self, prompt: list[int], adapter: str | None, seed: int | None, sampling: SamplingParams, limit: int) -> dict:
-        """The ``/v1/completions`` body for one prompt (what the recorded-exchange test checks)."""
+    def request(self, prompt: list[int], served: str, seed: int | None, sampling: SamplingParams, limit: int) -> dict:
+        """The ``/v1/completions`` body for one prompt to the served name ``served`` (:meth:`served_name`;
+        what the recorded-exchange test checks)."""
         body = {
-            "model": self.served_name(adapter),
+            "model": served,
             "prompt": prompt,
             "max_tokens": min(sampling.max_new_tokens, limit - len(prompt)),
             "temperature": sampling.temperature,
@@ -208,8 +238,8 @@ class VLLMChatModel(ChatTokens):
             body["seed"] = int(seed) % 2**63
         return body
 
-    def _one(self, prompt: list[int], adapter: str | None, seed: int | None, sampling: SamplingParams, limit: int) -> Generation:
-        choice = self._post("/v1/completions", self.request(prompt, adapter, seed, sampling, limit)).json()["choices"][0]
+    def _one(self, prompt: list[int], served: str, seed: int | None, sampling: SamplingParams, limit: int) -> Generation:
+        choice = self._post("/v1/completions", self.request(prompt, served, seed, sampling, limit)).json()["choices"][0]
         ids = list(choice.get("token_ids") or [])
         logprobs = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
         if len(logprobs) != len(ids):

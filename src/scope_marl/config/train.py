@@ -229,21 +229,11 @@ class TrainConfig(Section):
             raise ValueError("simulator.mode is 'trainable' but 'user' is not in trainable_roles; add it, or use mode: frozen")
         if self.sampler is not None and self.executor == "ray":
             raise ValueError("sampler: Ray rollout workers do not receive the sampler's adapters yet; use executor: local with a sampler")
-        if self.trainer.mode == "async":
-            unsupported = [
-                what
-                for what, present in (
-                    ("sampler", self.sampler is not None),
-                    ("pool", self.pool is not None),
-                    ("finetune: full", self.finetune == "full"),
-                )
-                if present
-            ]
-            if unsupported:
-                raise ValueError(
-                    f"trainer.mode: async plays ahead on a generator process or Ray workers with LoRA adapters; it does not yet work with "
-                    f"{', '.join(unsupported)}: use trainer.mode: sync for those"
-                )
+        if self.trainer.mode == "async" and self.finetune == "full":
+            raise ValueError(
+                "trainer.mode: async plays ahead on a generator process, Ray workers or a sampler server that receive LoRA "
+                "adapters; it does not work with finetune: full: use trainer.mode: sync for it"
+            )
         if self.sampler is not None and self.finetune == "full":
             raise ValueError("sampler: a server receives LoRA adapters, not whole weights; use finetune: lora with a sampler")
         if self.finetune == "full" and self.trainable_roles != ["agent"]:

@@ -18,6 +18,8 @@ sample the same episodes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from scope_marl.core.types import Episode
@@ -79,6 +81,32 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A population-pool member that plays one batch in the simulator's adapter (asynchronous population
+    co-training): the batch is submitted with it, and the learner starts from it when it trains on the
+    batch. The weights are read when it is drawn: the pool may evict (delete) the member before the batch plays."""
+
+    adapter: str  # the adapter it plays in (the live simulator's)
+    member_id: str
+    simulator_id: str  # what its episodes name as their simulator
+    path: Path  # its saved folder (peft layout), while the pool keeps it
+    tensors: dict[str, Any]  # its weights as a peft state dict
+
+    @classmethod
+    def read(cls, adapter: str, member_id: str, simulator_id: str, path: str | Path) -> Replayed:
+        from safetensors.torch import load_file
+
+        return cls(adapter, member_id, simulator_id, Path(path), load_file(str(Path(path) / "adapter_model.safetensors")))
+
+
+def play_replayed(engine, replayed: Replayed | None) -> None:
+    """Before a batch: the member it was submitted with goes into the simulator's adapter of ``engine``'s models."""
+    if replayed is not None:
+        load_adapter_tensors(engine, {replayed.adapter: replayed.tensors})
+        engine.simulator.simulator_id = replayed.simulator_id
 
 
 def load_adapter_tensors(engine, adapters: dict[str, dict[str, Any]]) -> None:

@@ -5,8 +5,9 @@ a picklable factory, as a Ray worker is. The trainer talks to it through two que
 
 - ``weights(version, adapters)``: adapter tensors after an update, tagged with the policy version
   (updates applied) they are;
-- ``play(ticket, tasks, first_group, min_version)``: a batch, to start once the generator holds
-  weights of at least ``min_version``. The trainer asks for batch ``t`` with ``min_version = t - k``
+- ``play(ticket, tasks, first_group, min_version, replayed)``: a batch, to start once the generator holds
+  weights of at least ``min_version`` (with a population pool, ``replayed`` is the member it plays in
+  the simulator's adapter). The trainer asks for batch ``t`` with ``min_version = t - k``
   (``trainer.max_staleness``), so nothing is trained on more than ``k`` versions after the weights that
   played it: admission control, not discarding, so long episodes are never dropped for being slow.
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from scope_marl.core.types import Episode
 from scope_marl.envs.base import Task
-from scope_marl.executor.base import EngineFactory, load_adapter_tensors
+from scope_marl.executor.base import EngineFactory, Replayed, load_adapter_tensors, play_replayed
 
 POLL_S = 0.5  # how often a waiting side checks that the other process is alive
 
@@ -67,9 +68,10 @@ def _generate(factory: EngineFactory, threads: int, inbox, outbox) -> None:
             elif kind == "play":
                 waiting.append(message)
             while waiting and waiting[0][4] <= version:
-                _, ticket, tasks, first_group, _ = waiting.popleft()
+                _, ticket, tasks, first_group, _, replayed = waiting.popleft()
                 started = time.perf_counter()
                 idle = started - idle_since
+                play_replayed(engine, replayed)
                 episodes = engine.run(tasks, first_group=first_group)
                 for e in episodes:
                     e.metadata["behaviour_version"] = version
@@ -102,11 +104,12 @@ class GeneratorExecutor:
         self._inbox.put(("weights", version, {name: source.adapter_tensors(name) for name in names}, simulator_id))
         self.version = version
 
-    def submit(self, tasks: Sequence[Task], first_group: int, min_version: int) -> int:
-        """Queue a batch (one group per task) to start once the generator holds weights >= ``min_version``."""
+    def submit(self, tasks: Sequence[Task], first_group: int, min_version: int, replayed: Replayed | None = None) -> int:
+        """Queue a batch (one group per task) to start once the generator holds weights >= ``min_version``
+        (``replayed``: the pool member it plays in the simulator's adapter)."""
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._inbox.put(("play", ticket, list(tasks), first_group, min_version))
+        self._inbox.put(("play", ticket, list(tasks), first_group, min_version, replayed))
         self._tickets.append(ticket)
         return ticket
 

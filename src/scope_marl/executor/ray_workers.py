@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from scope_marl.core.types import Episode
 from scope_marl.envs.base import Task
-from scope_marl.executor.base import EngineFactory, load_adapter_tensors, split_blocks
+from scope_marl.executor.base import EngineFactory, Replayed, load_adapter_tensors, play_replayed, split_blocks
 
 T = TypeVar("T")
 
@@ -96,13 +96,17 @@ class _Worker:
         self.version = version
         return version
 
-    def play(self, tasks: Sequence[Task], first_group: int, version: int, at_least: bool = False) -> tuple[list[Episode], dict]:
+    def play(
+        self, tasks: Sequence[Task], first_group: int, version: int, at_least: bool = False, replayed: Replayed | None = None
+    ) -> tuple[list[Episode], dict]:
         """Play a block with adapter ``version`` (``at_least``: that version or a newer one, asynchronous
-        training; the episodes then name the version that played them)."""
+        training; the episodes then name the version that played them; ``replayed``: the pool member
+        the batch plays in the simulator's adapter)."""
         if version > self.version if at_least else version != self.version:
             raise StaleWorker(f"this worker holds adapter version {self.version}, asked to play version {version}")
         started_tokens = self.engine.stats.generated_tokens
         started = time.perf_counter()
+        play_replayed(self.engine, replayed)
         episodes = self.engine.run(tasks, first_group)
         if at_least:
             for e in episodes:
@@ -130,6 +134,7 @@ class _Batch:
     version: int  # the adapter version its blocks play with: exactly (a sync play) or at least (async)
     exact: bool
     blocks: list[tuple[int, int]]  # per worker: its tasks [start, stop)
+    replayed: Any = None  # object-store ref of the pool member it plays in the simulator's adapter, or None
     running: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # worker index -> (actor, result ref)
 
 
@@ -208,22 +213,26 @@ class RayExecutor:
         self._queue(tasks, first_group, self.version, exact=True)
         return self.collect()[0]
 
-    def submit(self, tasks: Sequence[Task], first_group: int, min_version: int) -> None:
+    def submit(self, tasks: Sequence[Task], first_group: int, min_version: int, replayed: Replayed | None = None) -> None:
         """Queue a batch (one group per task, numbered from ``first_group``) on the workers without waiting:
-        each block plays with the adapters pushed before this call (at least ``min_version``)."""
-        self._queue(tasks, first_group, min_version, exact=False)
+        each block plays with the adapters pushed before this call (at least ``min_version``) and, with
+        ``replayed``, that pool member in the simulator's adapter."""
+        self._queue(tasks, first_group, min_version, exact=False, replayed=replayed)
 
-    def _queue(self, tasks: Sequence[Task], first_group: int, version: int, exact: bool) -> None:
+    def _queue(self, tasks: Sequence[Task], first_group: int, version: int, exact: bool, replayed: Replayed | None = None) -> None:
         """One block per worker (a group never spans workers), each keeping its groups' numbers."""
         blocks = [(start, stop) for start, stop in split_blocks(len(tasks), len(self.workers)) if start < stop]
-        batch = _Batch(list(tasks), first_group, version, exact, blocks)
+        member = self._ray.put(replayed) if replayed is not None else None  # one object-store copy for every block
+        batch = _Batch(list(tasks), first_group, version, exact, blocks, member)
         for w, block in enumerate(blocks):
             batch.running[w] = self._play_block(batch, w, block)
         self._queued.append(batch)
 
     def _play_block(self, batch: _Batch, w: int, block: tuple[int, int]) -> tuple[Any, Any]:
         worker, (start, stop) = self.workers[w], block
-        return worker, worker.play.remote(batch.tasks[start:stop], batch.first_group + start, batch.version, not batch.exact)
+        return worker, worker.play.remote(
+            batch.tasks[start:stop], batch.first_group + start, batch.version, not batch.exact, batch.replayed
+        )
 
     def collect(self) -> tuple[list[Episode], dict[str, Any]]:
         """The oldest queued batch's episodes, in task order (waiting for them), with its timings: the

@@ -6,6 +6,11 @@ first, base member); before each rollout a member is drawn (seeded by the step, 
 recent rewards against each member when the pool's selection asks for it) and its weights are loaded
 into the live simulator adapter. Under data parallelism the lead writes the pool and the other ranks
 read what it wrote.
+
+Asynchronous training (``trainer.mode: async``) draws the member when a batch is submitted
+(:meth:`Population.choose`, from the pool as it is then), sends it with the batch, and loads it into
+the live adapter only when the learners train on that batch (:meth:`Population.load`): the simulator
+learner starts from the member that played, as a synchronous step does.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from scope_marl.core import run_layout
 from scope_marl.core.seeds import derive_seed
+from scope_marl.executor.base import Replayed
 from scope_marl.simulators.pool import SimulatorPool
 from scope_marl.training import data_parallel
 
@@ -40,12 +46,20 @@ class Population:
     def draw(self, step: int) -> None:
         """Before the rollout of step ``step + 1``: the pool exists (its base member taken at the first
         step), and a drawn member's weights are in the simulator adapter."""
+        self.load(self.choose(step))
+
+    def choose(self, step: int) -> Replayed:
+        """The member that plays the batch of step ``step + 1`` (the pool is made at the first draw), with its weights."""
         self._ensure(step)
         scores = {m: sum(r) / len(r) for m, r in self.member_rewards.items() if r}
         member = self.pool.select(rng=random.Random(derive_seed(self.seed, step)), scores=scores)
-        self.member = member.member_id
-        self.chat.load_adapter_weights(self.adapter, Path(member.path))
-        self.engine.simulator.simulator_id = f"trainable:{member.member_id}"
+        return Replayed.read(self.adapter, member.member_id, f"trainable:{member.member_id}", member.path)
+
+    def load(self, replayed: Replayed) -> None:
+        """Put a drawn member's weights into the live simulator adapter; its episodes are credited to it."""
+        self.member = replayed.member_id
+        self.chat.set_adapter_tensors(self.adapter, replayed.tensors)
+        self.engine.simulator.simulator_id = replayed.simulator_id
 
     def record(self, record: dict) -> None:
         """Credit the step's mean agent reward to the member that played, and name it in the record."""

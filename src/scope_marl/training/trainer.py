@@ -33,6 +33,7 @@ from scope_marl.core.machine import ThreadGovernor
 from scope_marl.core.seeds import shuffled_position
 from scope_marl.envs import AGENT, USER
 from scope_marl.executor import open_executor
+from scope_marl.executor.base import Replayed
 from scope_marl.rollout import RolloutRecorder, summarize
 from scope_marl.training import checkpoint, data_parallel, sharding
 from scope_marl.training.learner import Learner
@@ -131,8 +132,9 @@ class Trainer:
         )
         self.step = 0
         self.cursor = 0
-        # async: batches queued on the generator and not yet trained, as (task cursor, first group) before each
-        self._in_flight: deque[tuple[int, int]] = deque()
+        # async: batches queued on the generator and not yet trained, as (task cursor, first group) before each,
+        # and the pool member it plays (None without a pool)
+        self._in_flight: deque[tuple[int, int, Replayed | None]] = deque()
         self._lost_in_flight = 0  # set by a resume: batches played ahead but never trained, played again
         self.best: tuple[float, str] | None = None
 
@@ -187,24 +189,34 @@ class Trainer:
             self._push_unsynced()  # the weights before the first batch, or after a resume
             cursor, first = self.cursor, self.engine.state_dict()["groups"]
             tasks = self.next_tasks()
-            self.executor.submit(tasks, first, min_version=self.step + len(self._in_flight) - k)
+            # A pool member goes with its batch, drawn as the synchronous step would draw it (from the pool as it is now).
+            replayed = self.population.choose(self.step + len(self._in_flight)) if self.population is not None else None
+            self.executor.submit(tasks, first, min_version=self.step + len(self._in_flight) - k, replayed=replayed)
             self.engine.load_state_dict({"groups": first + len(tasks)})
-            self._in_flight.append((cursor, first))
+            self._in_flight.append((cursor, first, replayed))
         started = time.perf_counter()
         episodes, played = self.executor.collect()
-        self._in_flight.popleft()
+        replayed = self._in_flight.popleft()[2]
+        if replayed is not None:
+            self.population.load(replayed)  # the simulator learner starts from the member that played, as in a sync step
         record = self._learn(
             episodes,
             time.perf_counter() - started,
             {"in_flight": len(self._in_flight), "generate_s": played["generate_s"], "generator_idle_s": played["idle_s"]},
+            replayed=replayed is not None,
         )
+        if replayed is not None:
+            self._unsynced.discard(ADAPTERS[USER])  # every batch carries its own member: the trained simulator is only snapshotted
         self._push_unsynced()  # the update's weights go out at once: the generator's next batch may use them
         return record
 
-    def _learn(self, episodes: list, rollout_s: float, asynchronous: dict | None = None) -> dict:
-        """Record a played batch, update every trained role on it, evaluate and checkpoint when due."""
+    def _learn(self, episodes: list, rollout_s: float, asynchronous: dict | None = None, replayed: bool = False) -> dict:
+        """Record a played batch, update every trained role on it, evaluate and checkpoint when due
+        (``replayed``: a pool member played the simulator and the simulator learner now starts from it)."""
         for e in episodes:  # the policy versions (updates applied) that played it, per trained role
             e.metadata["versions"] = dict.fromkeys(self.learners, e.metadata.pop("behaviour_version", self.step))
+            if replayed and USER in self.learners:  # the member that played is what the simulator learner holds: no lag
+                e.metadata["versions"][USER] = self.step
         if self.lead:
             self.recorder.write_batch(episodes)
         self.step += 1
