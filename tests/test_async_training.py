@@ -118,6 +118,29 @@ def test_an_async_pool_run_with_staleness_zero_trains_as_the_sync_pool_run(tiny_
 
 
 @pytest.mark.integration
+def test_a_resumed_async_pool_run_rewinds_the_pool_and_trains_no_episode_twice(tiny_model_dir, tmp_path):
+    """Resume an async pool run from its step-2 checkpoint as if it had been killed after step 3: the
+    snapshots of step 3 leave the pool, the batches in flight are drawn and played again, and no
+    episode or step is trained twice."""
+    cfg = TrainConfig.model_validate(
+        async_config(tiny_model_dir, 1, steps=3, checkpoint_every=2, **pool_run(tiny_model_dir, selection="latest"))
+    )
+    start(cfg, tmp_path / "run").run(progress=False)
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-000003").rename(run / "set-aside")
+    said = []
+    trainer = resume(run, log=said.append)
+    assert trainer.step == 2 and any("m0003-step3" in m for m in said), said  # the pool is back to what step 2 knew
+    records = trainer.run(progress=False)
+    assert records[0]["pool_member"] == "m0002-step2" and records[0]["train_user"]["staleness_mean"] == 0
+    ids = [e["episode_id"] for e in episodes_of(run)]
+    assert len(ids) == len(set(ids)) == 3 * cfg.tasks_per_step * cfg.rollout.group_size
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    members = [m.member_id for m in trainer.population.pool.members]
+    assert members[0] == "m0000-step0" and members[-1] == "m0003-step3"  # the base kept, step 3's snapshot taken again
+
+
+@pytest.mark.integration
 def test_an_async_pool_run_plays_each_batch_with_its_member_even_one_evicted_meanwhile(tiny_model_dir, tmp_path):
     """k = 2 with a pool of 2 snapshotted every step: members are evicted (deleted) while batches drawn
     with them are still queued, and each batch still plays the member it was drawn with."""
