@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from scope_marl.backends.scripted import ScriptedChatModel
 from scope_marl.backends.seat import Seat
@@ -143,10 +144,13 @@ def test_trainer_task_order_matches_the_old_formula(seed):
         assert derive_seed(seed, epoch) == seed * M + epoch
 
 
-def make_adapter(directory: Path, payload: bytes) -> Path:
+def make_adapter(directory: Path, weight: float) -> Path:
+    """A saved adapter folder whose one tensor tells the members apart."""
+    from safetensors.torch import save_file
+
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "adapter_config.json").write_text(json.dumps({"r": 8}))
-    (directory / "adapter_model.safetensors").write_bytes(payload)
+    save_file({"w": torch.full((1,), weight)}, str(directory / "adapter_model.safetensors"))
     return directory
 
 
@@ -155,7 +159,7 @@ def pool(tmp_path) -> SimulatorPool:
     """Eight members, so a different seed usually draws a different one."""
     pool = SimulatorPool(tmp_path / "pool", max_size=10, selection="random", seed=0)
     for i in range(8):
-        pool.add(make_adapter(tmp_path / "source", f"weights-{i}".encode()), step=i)
+        pool.add(make_adapter(tmp_path / "source", float(i)), step=i)
     return pool
 
 
@@ -165,7 +169,7 @@ def test_trainer_pool_member_matches_the_old_formula(seed, pool, tmp_path):
     from scope_marl.training.population import Population
 
     loaded = []
-    chat = SimpleNamespace(load_adapter_weights=lambda name, path: loaded.append(path))
+    chat = SimpleNamespace(set_adapter_tensors=lambda name, tensors: loaded.append(tensors["w"].item()))
     engine = SimpleNamespace(simulator=SimpleNamespace(simulator_id="trainable"))
     for step in (0, 1, 5, 16, 1000):
         population = Population(SimpleNamespace(every=1), seed, tmp_path, chat, "simulator", engine)
@@ -173,7 +177,7 @@ def test_trainer_pool_member_matches_the_old_formula(seed, pool, tmp_path):
         population.draw(step)
         expected = pool.select(rng=random.Random(seed * M + step), scores={})
         assert population.member == expected.member_id and engine.simulator.simulator_id == f"trainable:{expected.member_id}"
-        assert loaded[-1] == Path(expected.path)
+        assert loaded[-1] == pool.members.index(expected)  # member i holds weight i
 
 
 @pytest.mark.parametrize("seed", BASES)
