@@ -118,6 +118,15 @@ def test_an_async_pool_run_with_staleness_zero_trains_as_the_sync_pool_run(tiny_
 
 
 @pytest.mark.integration
+def test_an_async_pool_run_that_trains_only_the_simulator_advances_its_versions(tiny_model_dir, tmp_path):
+    """Nothing that plays changes (members carry their own weights, the agent is frozen), yet each
+    update's version still goes out: without it the next batch would wait for it forever."""
+    overrides = {**pool_run(tiny_model_dir), "trainable_roles": ["user"], "steps": 3}
+    records = start(TrainConfig.model_validate(async_config(tiny_model_dir, 1, **overrides)), tmp_path / "run").run(progress=False)
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["train_user"]["staleness_mean"] == 0 for r in records)
+
+
+@pytest.mark.integration
 def test_a_resumed_async_pool_run_rewinds_the_pool_and_trains_no_episode_twice(tiny_model_dir, tmp_path):
     """Resume an async pool run from its step-2 checkpoint as if it had been killed after step 3: the
     snapshots of step 3 leave the pool, the batches in flight are drawn and played again, and no

@@ -83,7 +83,7 @@ class LocalExecutor:
         pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # (no field-wise equality: its tensors do not compare to a bool)
 class Replayed:
     """A population-pool member that plays one batch in the simulator's adapter (asynchronous population
     co-training): the batch is submitted with it, and the learner starts from it when it trains on the

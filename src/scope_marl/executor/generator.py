@@ -138,6 +138,8 @@ class GeneratorExecutor:
 
     def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
         """A batch with the newest weights pushed (the synchronous interface)."""
+        if self._tickets:
+            raise RuntimeError("play is the synchronous call: collect the batches in flight first")
         self.submit(tasks, first_group, self.version)
         return self.collect()[0]
 

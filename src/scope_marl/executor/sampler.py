@@ -90,13 +90,19 @@ class SamplerExecutor(LocalExecutor):
                     shutil.rmtree(old, ignore_errors=True)
 
     def _unload_unheld(self) -> None:
-        """Unload the replaced versions no batch plays with, and delete their folders."""
-        with self._changed:
+        """Unload the replaced versions no batch plays with, and delete their folders. If the server
+        refuses, its error is raised and the versions not yet unloaded are listed again (tried at the next cleanup)."""
+        with self._changed:  # taken off the books here, so the other thread never unloads them too
             free = [(served, folder) for served, folder in self._replaced.items() if not self._holds[served]]
             for served, _ in free:
                 del self._replaced[served]
-        for served, folder in free:
-            self.sampler.unload(served)
+        for done, (served, folder) in enumerate(free):
+            try:
+                self.sampler.unload(served)
+            except BaseException:
+                with self._changed:  # still on the server: listed again, tried at the next cleanup
+                    self._replaced.update(free[done:])
+                raise
             shutil.rmtree(folder, ignore_errors=True)
 
     # ---- asynchronous plays --------------------------------------------------------------------
@@ -182,6 +188,8 @@ class SamplerExecutor(LocalExecutor):
     def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
         if self._thread is None:
             return super().play(tasks, first_group)
+        if self._tickets:
+            raise RuntimeError("play is the synchronous call: collect the batches in flight first")
         self.submit(tasks, first_group, self.version)
         return self.collect()[0]
 

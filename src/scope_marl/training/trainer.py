@@ -207,7 +207,9 @@ class Trainer:
         )
         if replayed is not None:
             self._unsynced.discard(ADAPTERS[USER])  # every batch carries its own member: the trained simulator is only snapshotted
-        self._push_unsynced()  # the update's weights go out at once: the generator's next batch may use them
+        # The update's weights go out at once (the generator's next batch may use them), and the version with them even
+        # when nothing changed that plays (a pool run training the simulator only): later batches wait for it.
+        self._push_unsynced(advance=True)
         return record
 
     def _learn(self, episodes: list, rollout_s: float, asynchronous: dict | None = None, replayed: bool = False) -> dict:
@@ -280,10 +282,11 @@ class Trainer:
         """The run's adapters on the base (the ones the Ray workers' factory adds)."""
         return {name for name in ADAPTERS.values() if name in self.chat.adapters}
 
-    def _push_unsynced(self) -> None:
+    def _push_unsynced(self, advance: bool = False) -> None:
         """Send the adapters changed since the last push to where the plays run, tagged with the step
-        (and, with a pool, the member now playing in the simulator's adapter)."""
-        if self._unsynced:
+        (and, with a pool, the member now playing in the simulator's adapter); ``advance``: send the
+        step's version even with no adapter changed."""
+        if self._unsynced or advance:
             simulator_id = self.engine.simulator.simulator_id if self.population is not None else None
             self.executor.push(self.chat, sorted(self._unsynced), version=self.step, simulator_id=simulator_id)
             self._unsynced.clear()
