@@ -210,6 +210,8 @@ class RayExecutor:
 
     def play(self, tasks: Sequence[Task], first_group: int = 0) -> list[Episode]:
         """Play ``tasks`` (one group each, numbered from ``first_group``) across the workers, in task order."""
+        if self._queued:
+            raise RuntimeError("play is the synchronous call: collect the batches in flight first")
         self._queue(tasks, first_group, self.version, exact=True)
         return self.collect()[0]
 

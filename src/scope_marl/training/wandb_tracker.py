@@ -77,7 +77,7 @@ class WandbTracker:
         # logs every step after it, from metrics.jsonl up to the checkpoint and then as they are played.
         self.durable = int(state.get("durable_step", 0))
         self.resumed = bool(state)
-        self.sent_step: int | None = None  # the step whose row W&B is still gathering (sent with the next step's log)
+        self.gathering: int | None = None  # the step whose row W&B is still gathering (sent with the next step's log)
         self.pending: list[tuple[int, float]] = []  # (step, when its row was sent) not yet known to be written
         self.fresh_step: int | None = None  # the step this process logged last (samples go only with a logged step)
         self.run = wandb.init(
@@ -117,10 +117,10 @@ class WandbTracker:
         now = time.monotonic()
         # ``run.log(..., step=N)`` only gathers step N's row; W&B sends it when a later step is logged
         # (or at finish), so the previous step's row leaves now and its clock starts here.
-        if self.sent_step is not None:
-            self.pending.append((self.sent_step, now))
+        if self.gathering is not None:
+            self.pending.append((self.gathering, now))
         self.run.log(flatten({k: v for k, v in record.items() if k != "step"}), step=record["step"])
-        self.sent_step = record["step"]
+        self.gathering = record["step"]
         while self.pending and now - self.pending[0][1] >= 2 * FLUSH_S:
             self.durable = self.pending.pop(0)[0]
         self._save_state()
@@ -138,6 +138,6 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()  # writes everything
-        if self.sent_step is not None:
-            self.durable = self.sent_step
+        if self.gathering is not None:
+            self.durable = self.gathering
             self._save_state()
